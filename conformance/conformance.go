@@ -1,0 +1,102 @@
+// Package conformance is the behavioural contract every idem dialect must
+// pass. Each dialect package runs it against a real server from a short
+// conformance_test.go:
+//
+//	func TestConformance(t *testing.T) {
+//		t.Parallel()
+//		conformance.Run(t, newHarness(t))
+//	}
+//
+// The suite only uses the public API of package idem plus the hooks a
+// [Harness] provides, so it checks behaviour users rely on, not internals.
+// Dialect differences are expressed as [Features], never as checks of the
+// dialect's name.
+package conformance
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/idemstore/idem"
+)
+
+// Harness gives the suite fresh, isolated databases for one dialect.
+type Harness[TTx any] interface {
+	// Open returns a new, fully migrated, empty namespace owned by t (a
+	// schema on PostgreSQL, a database on MySQL, a file on SQLite) holding
+	// idem's table and a test business table. It registers cleanup on t and
+	// fails t on error.
+	Open(ctx context.Context, t *testing.T) *Namespace[TTx]
+	// Unreachable returns a dialect whose server cannot be reached (a closed
+	// port, a file that cannot be opened).
+	Unreachable(ctx context.Context, t *testing.T) idem.Dialect[TTx]
+	// Features reports what the dialect can do, so cases adapt to it.
+	Features() Features
+}
+
+// Namespace is one isolated database opened by [Harness.Open].
+type Namespace[TTx any] struct {
+	// Dialect is bound to the namespace.
+	Dialect idem.Dialect[TTx]
+	// InsertOrder inserts one row with ref into the namespace's business
+	// table inside tx. The table has no unique constraint on ref, so the
+	// suite can count duplicate executions.
+	InsertOrder func(ctx context.Context, tx TTx, ref string) error
+	// CountOrders counts committed business rows with ref, reading on a
+	// connection of its own.
+	CountOrders func(ctx context.Context, ref string) (int, error)
+	// CountRecords counts committed rows in idempotency_keys.
+	CountRecords func(ctx context.Context) (int, error)
+	// Close closes the namespace's connection pool. Afterwards every store
+	// operation on Dialect must fail with idem.ErrStoreUnavailable.
+	Close func()
+}
+
+// Features describes the dialect's capabilities and documented differences.
+type Features struct {
+	// TimePrecision is the resolution of stored times (1µs on every
+	// shipped dialect).
+	TimePrecision time.Duration
+	// SingleWriter is true for SQLite: writers serialise on the database
+	// lock at BEGIN, so an uncommitted claim can never be observed from
+	// another transaction, and a wait that times out reports
+	// idem.ErrStoreUnavailable (the database is busy) instead of
+	// idem.ErrInProgress.
+	SingleWriter bool
+	// WaitAbortsTx is true when a claim whose wait times out aborts the
+	// surrounding transaction (PostgreSQL).
+	WaitAbortsTx bool
+	// WaitGranularity is the step WaitTimeout is rounded up to (1s on
+	// MySQL, whose innodb_lock_wait_timeout counts whole seconds).
+	WaitGranularity time.Duration
+}
+
+// Run runs every conformance case against h as parallel subtests of t, in a
+// fixed order.
+func Run[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Helper()
+	for _, c := range cases[TTx]() {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.run(t, h)
+		})
+	}
+}
+
+type testCase[TTx any] struct {
+	name string
+	run  func(t *testing.T, h Harness[TTx])
+}
+
+// cases lists the suite in a fixed order, grouped by concern.
+func cases[TTx any]() []testCase[TTx] {
+	var all []testCase[TTx]
+	all = append(all, claimCases[TTx]()...)
+	all = append(all, txCases[TTx]()...)
+	all = append(all, waitCases[TTx]()...)
+	all = append(all, retentionCases[TTx]()...)
+	all = append(all, concurrencyCases[TTx]()...)
+	all = append(all, errorCases[TTx]()...)
+	return all
+}

@@ -1,0 +1,187 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemstore/idem"
+)
+
+func txCases[TTx any]() []testCase[TTx] {
+	return []testCase[TTx]{
+		{"TxRollbackFreesKey", testTxRollbackFreesKey[TTx]},
+		{"TxCommitIsAtomic", testTxCommitIsAtomic[TTx]},
+		{"TxGetSeesOwnClaim", testTxGetSeesOwnClaim[TTx]},
+		{"DoCallbackErrorRollsBack", testDoCallbackErrorRollsBack[TTx]},
+		{"DoCallbackPanicRollsBack", testDoCallbackPanicRollsBack[TTx]},
+	}
+}
+
+func testTxRollbackFreesKey[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := setup(t, h, nil)
+	key := newKey("rollback")
+
+	tx := b.begin(ctx, t)
+	c, err := b.store.ClaimTx(ctx, tx, "t1/create", key, fp("x"))
+	require.NoError(t, err)
+	require.True(t, c.Acquired())
+	require.NoError(t, b.ns.InsertOrder(ctx, tx, key))
+	require.NoError(t, b.store.CompleteTx(ctx, tx, c, orderResponse(key)))
+
+	// No other connection sees the claim, the response or the order before commit.
+	_, err = b.store.Get(ctx, "t1/create", key)
+	require.ErrorIs(t, err, idem.ErrNotFound)
+	require.Zero(t, b.records(ctx, t))
+	require.Zero(t, b.orders(ctx, t, key))
+
+	require.NoError(t, b.ns.Dialect.Rollback(ctx, tx))
+
+	require.Zero(t, b.records(ctx, t))
+	require.Zero(t, b.orders(ctx, t, key))
+	var calls counter
+	res, err := b.store.Do(ctx, "t1/create", key, fp("x"), orderFn(b.ns, key, &calls))
+	require.NoError(t, err)
+	require.False(t, res.Replayed, "after a rollback the key must be free")
+	require.Equal(t, 1, calls.get())
+	require.Equal(t, 1, b.orders(ctx, t, key))
+}
+
+// testTxCommitIsAtomic watches from other connections while a transaction
+// holding the claim, a business row and the completion commits: a reader
+// must never see one without the other.
+func testTxCommitIsAtomic[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := setup(t, h, nil)
+	for round := range 3 {
+		key := newKey(fmt.Sprintf("atomic%d", round))
+		tx := b.begin(ctx, t)
+		c, err := b.store.ClaimTx(ctx, tx, "t1/create", key, fp("x"))
+		require.NoError(t, err)
+		require.NoError(t, b.ns.InsertOrder(ctx, tx, key))
+		require.NoError(t, b.store.CompleteTx(ctx, tx, c, orderResponse(key)))
+
+		var (
+			wg        sync.WaitGroup
+			mu        sync.Mutex
+			violation error
+			polls     int
+			seen      bool
+		)
+		committed := make(chan struct{})
+		firstPoll := make(chan struct{})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			after := 0
+			for after < 20 {
+				select {
+				case <-committed:
+					after++
+				default:
+				}
+				// Order matters: whatever is seen first must imply the other.
+				rec, gerr := b.store.Get(ctx, "t1/create", key)
+				n, cerr := b.ns.CountOrders(ctx, key)
+				n2, cerr2 := b.ns.CountOrders(ctx, key)
+				_, gerr2 := b.store.Get(ctx, "t1/create", key)
+				mu.Lock()
+				polls++
+				if polls == 1 {
+					close(firstPoll)
+				}
+				switch {
+				case cerr != nil || cerr2 != nil:
+					violation = errors.Join(cerr, cerr2)
+				case gerr != nil && !errors.Is(gerr, idem.ErrNotFound):
+					violation = gerr
+				case gerr2 != nil && !errors.Is(gerr2, idem.ErrNotFound):
+					violation = gerr2
+				case gerr == nil && rec.Status != idem.StatusSucceeded:
+					violation = fmt.Errorf("saw a %s record from outside the transaction", rec.Status)
+				case gerr == nil && n != 1:
+					violation = fmt.Errorf("saw the record but %d orders", n)
+				case n2 == 1 && gerr2 != nil:
+					violation = errors.New("saw the order but no record")
+				}
+				if gerr2 == nil {
+					seen = true
+				}
+				stop := violation != nil
+				mu.Unlock()
+				if stop {
+					return
+				}
+			}
+		}()
+		<-firstPoll
+		time.Sleep(5 * time.Millisecond)
+		require.NoError(t, b.ns.Dialect.Commit(ctx, tx))
+		close(committed)
+		wg.Wait()
+		require.NoError(t, violation)
+		require.True(t, seen, "the committed record never became visible")
+		require.Equal(t, 1, b.orders(ctx, t, key))
+	}
+}
+
+func testTxGetSeesOwnClaim[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := setup(t, h, nil)
+	key := newKey("own")
+	tx := b.begin(ctx, t)
+	c, err := b.store.ClaimTx(ctx, tx, "t1/create", key, fp("x"))
+	require.NoError(t, err)
+	rec, err := b.store.GetTx(ctx, tx, "t1/create", key)
+	require.NoError(t, err)
+	require.Equal(t, idem.StatusProcessing, rec.Status)
+	require.Equal(t, c.Token, rec.Token)
+	_, err = b.store.Get(ctx, "t1/create", key)
+	require.ErrorIs(t, err, idem.ErrNotFound)
+	require.NoError(t, b.ns.Dialect.Commit(ctx, tx))
+	rec, err = b.store.Get(ctx, "t1/create", key)
+	require.NoError(t, err)
+	require.Equal(t, c.Token, rec.Token)
+}
+
+func testDoCallbackErrorRollsBack[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := setup(t, h, nil)
+	key := newKey("fnerr")
+	boom := errors.New("payment declined")
+	_, err := b.store.Do(ctx, "t1/create", key, fp("x"), func(ctx context.Context, tx TTx) (*idem.Response, error) {
+		if err := b.ns.InsertOrder(ctx, tx, key); err != nil {
+			return nil, err
+		}
+		return nil, boom
+	})
+	require.ErrorIs(t, err, boom)
+	require.Zero(t, b.orders(ctx, t, key), "the business write must roll back with the claim")
+	require.Zero(t, b.records(ctx, t))
+
+	var calls counter
+	res, err := b.store.Do(ctx, "t1/create", key, fp("x"), orderFn(b.ns, key, &calls))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, 1, b.orders(ctx, t, key))
+}
+
+func testDoCallbackPanicRollsBack[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := setup(t, h, nil)
+	key := newKey("panic")
+	require.PanicsWithValue(t, "handler bug", func() {
+		_, _ = b.store.Do(ctx, "t1/create", key, fp("x"), func(ctx context.Context, tx TTx) (*idem.Response, error) {
+			if err := b.ns.InsertOrder(ctx, tx, key); err != nil {
+				return nil, err
+			}
+			panic("handler bug")
+		})
+	})
+	require.Zero(t, b.orders(ctx, t, key))
+	require.Zero(t, b.records(ctx, t))
+	c, err := b.store.Claim(ctx, "t1/create", key, fp("x"))
+	require.NoError(t, err)
+	require.True(t, c.Acquired())
+}

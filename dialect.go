@@ -1,0 +1,159 @@
+package idem
+
+import (
+	"context"
+	"time"
+)
+
+// Dialect adapts a [Store] to one database and client library. TTx is the
+// caller's transaction type: pgx.Tx for package postgres, *sql.Tx for packages
+// mysql and sqlite.
+//
+// The dialects in this module (postgres, mysql, sqlite) are the supported set;
+// the interface is exported only because they live in separate packages.
+// It may gain methods in minor releases (noted in the CHANGELOG), so
+// implementations outside this module must expect to be updated. Every
+// implementation must pass [github.com/idemstore/idem/conformance.Run].
+type Dialect[TTx any] interface {
+	// Name returns "postgres", "mysql" or "sqlite"; it appears in logs.
+	Name() string
+	// DB returns an Executor that runs each statement on the pool, outside
+	// any caller transaction.
+	DB() Executor
+	// Tx returns an Executor that runs inside tx. It must never commit or
+	// roll back tx.
+	Tx(tx TTx) Executor
+	// Begin starts a transaction suitable for claiming a key (on SQLite, one
+	// that takes the write lock at once). Used by [Store.Do].
+	Begin(ctx context.Context) (TTx, error)
+	// Commit commits tx. A failure must be reported with the driver's error
+	// wrapped, classified as for Executor methods.
+	Commit(ctx context.Context, tx TTx) error
+	// Rollback rolls tx back. Rolling back a finished transaction is not an error.
+	Rollback(ctx context.Context, tx TTx) error
+}
+
+// Executor runs the store's statements against one connection pool or one
+// transaction. Each method is one atomic step of the state machine; the
+// [Store] owns validation and every decision, the Executor owns SQL, scanning
+// and error translation.
+//
+// Contract, clause by clause:
+//   - A missing row is reported as [ErrNotFound]; a fencing-token mismatch on
+//     a write as [ErrFenced]; never as a native driver error.
+//   - Connection failures, a closed pool and timeouts must match
+//     [ErrStoreUnavailable]; serialization failures, deadlocks and lock wait
+//     timeouts outside Claim's own wait must match [ErrRetryable]. The
+//     driver's error stays reachable through %w wrapping, and so do
+//     [context.Canceled] and [context.DeadlineExceeded].
+//   - Params.Now nil means the database's clock; set, it replaces that clock
+//     in every time written or compared by the statement.
+//   - Methods never commit or roll back a caller's transaction.
+type Executor interface {
+	// Claim atomically inserts a processing record for (Scope, Key) unless a
+	// record exists, then returns the record as it is now.
+	//
+	// If another transaction holds an uncommitted record for the key, Claim
+	// must wait for it (up to WaitTimeout) and must never insert while that
+	// transaction may still commit. If the holder rolls back, Claim inserts.
+	// If the wait exceeds WaitTimeout, Claim returns an *[InProgressError]
+	// (KeyDigest may be empty; the Store fills it in) with TxAborted set when
+	// the database aborted the surrounding transaction.
+	//
+	// After a conflict, the record must be read so that it reflects the
+	// holder's commit (a locking read where snapshots would hide it). If the
+	// conflicting record vanished before it could be read, Claim returns
+	// [ErrNotFound] and the Store tries again.
+	//
+	// Claim does not interpret what it found: expired records are returned
+	// as they are.
+	Claim(ctx context.Context, p *ClaimParams) (*ClaimResult, error)
+
+	// Takeover replaces the record for (Scope, Key) with a new processing
+	// record, but only while the record still carries Token. It returns
+	// [ErrFenced] when no record with that token exists.
+	Takeover(ctx context.Context, p *TakeoverParams) error
+
+	// Get returns the record for (Scope, Key) with a non-locking read. It
+	// returns [ErrNotFound] when none exists or its ExpiresAt is not after now.
+	Get(ctx context.Context, p *GetParams) (*Record, error)
+
+	// Complete stores the response and final status on the record, only
+	// while it is processing and carries Token; otherwise it returns
+	// [ErrFenced] and changes nothing. ExpiresAt becomes now + Retention.
+	Complete(ctx context.Context, p *CompleteParams) error
+
+	// Release deletes the record, only while it is processing and carries
+	// Token; otherwise it returns [ErrFenced] and changes nothing.
+	Release(ctx context.Context, p *ReleaseParams) error
+}
+
+// ClaimParams are the arguments of [Executor.Claim].
+type ClaimParams struct {
+	Scope       string
+	Key         string
+	Fingerprint Fingerprint
+	// Token is the fencing token of the new record.
+	Token int64
+	// LeaseDuration sets LeaseExpiresAt = now + LeaseDuration on the new record.
+	LeaseDuration time.Duration
+	// Retention sets ExpiresAt = now + Retention on the new record.
+	Retention time.Duration
+	// WaitTimeout bounds the wait on an uncommitted holder of the key.
+	WaitTimeout time.Duration
+	// Now pins the clock; nil means the database's clock.
+	Now *time.Time
+}
+
+// ClaimResult is the answer of [Executor.Claim].
+type ClaimResult struct {
+	// Record is the record as it is now: the new one when Created.
+	Record *Record
+	// Created is true when this call inserted Record.
+	Created bool
+	// Now is the database's time (or the pinned Now) at which Record was read.
+	Now time.Time
+}
+
+// TakeoverParams are the arguments of [Executor.Takeover].
+type TakeoverParams struct {
+	Scope string
+	Key   string
+	// Token is the token the record must still carry.
+	Token int64
+	// NewToken, Fingerprint and Attempt are written to the record, which
+	// becomes processing with no response, CreatedAt = now,
+	// LeaseExpiresAt = now + LeaseDuration and ExpiresAt = now + Retention.
+	NewToken      int64
+	Fingerprint   Fingerprint
+	Attempt       int
+	LeaseDuration time.Duration
+	Retention     time.Duration
+	Now           *time.Time
+}
+
+// GetParams are the arguments of [Executor.Get].
+type GetParams struct {
+	Scope string
+	Key   string
+	Now   *time.Time
+}
+
+// CompleteParams are the arguments of [Executor.Complete].
+type CompleteParams struct {
+	Scope string
+	Key   string
+	Token int64
+	// Status is StatusSucceeded or StatusFailed.
+	Status    Status
+	Response  *Response
+	Retention time.Duration
+	Now       *time.Time
+}
+
+// ReleaseParams are the arguments of [Executor.Release].
+type ReleaseParams struct {
+	Scope string
+	Key   string
+	Token int64
+}

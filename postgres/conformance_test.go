@@ -1,0 +1,156 @@
+package postgres_test
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/conformance"
+	"github.com/idemstore/idem/internal/testdb"
+	idempg "github.com/idemstore/idem/postgres"
+)
+
+// execModes are the pgx exec modes every test runs under: the default
+// statement cache, and the simple protocol PgBouncer users pick.
+var execModes = []struct {
+	name string
+	mode pgx.QueryExecMode
+}{
+	{"CacheStatement", pgx.QueryExecModeCacheStatement},
+	{"SimpleProtocol", pgx.QueryExecModeSimpleProtocol},
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	testdb.PostgresURL(t) // skip or fail once, not in every case
+	for _, m := range execModes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			conformance.Run(t, &harness{mode: m.mode})
+		})
+	}
+}
+
+// harness implements conformance.Harness with a schema per namespace.
+type harness struct {
+	mode pgx.QueryExecMode
+}
+
+var _ conformance.Harness[pgx.Tx] = (*harness)(nil)
+
+func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[pgx.Tx] {
+	t.Helper()
+	pool := openSchema(ctx, t, h.mode)
+	require.NoError(t, idempg.Migrate(ctx, pool))
+	_, err := pool.Exec(ctx, `CREATE TABLE orders (
+		id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		ref text NOT NULL
+	)`)
+	require.NoError(t, err)
+
+	return &conformance.Namespace[pgx.Tx]{
+		Dialect: idempg.New(pool),
+		InsertOrder: func(ctx context.Context, tx pgx.Tx, ref string) error {
+			_, err := tx.Exec(ctx, `INSERT INTO orders (ref) VALUES ($1::text)`, ref)
+			return err
+		},
+		CountOrders: func(ctx context.Context, ref string) (int, error) {
+			var n int
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE ref = $1::text`, ref).Scan(&n)
+			return n, err
+		},
+		CountRecords: func(ctx context.Context) (int, error) {
+			var n int
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n)
+			return n, err
+		},
+		Close: pool.Close,
+	}
+}
+
+func (h *harness) Unreachable(_ context.Context, t *testing.T) idem.Dialect[pgx.Tx] {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2")
+	require.NoError(t, err)
+	cfg.ConnConfig.DefaultQueryExecMode = h.mode
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg) // connects lazily
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return idempg.New(pool)
+}
+
+func (h *harness) Features() conformance.Features {
+	return conformance.Features{
+		TimePrecision:   time.Microsecond,
+		WaitAbortsTx:    true,
+		WaitGranularity: time.Millisecond, // lock_timeout counts milliseconds
+	}
+}
+
+// admin is the one pool per test binary that creates and drops schemas.
+var admin struct {
+	once sync.Once
+	pool *pgxpool.Pool
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if admin.pool != nil {
+		admin.pool.Close()
+	}
+	os.Exit(code)
+}
+
+func adminPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	url := testdb.PostgresURL(t)
+	admin.once.Do(func() {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			admin.err = err
+			return
+		}
+		cfg.MaxConns = 4
+		admin.pool, admin.err = pgxpool.NewWithConfig(context.Background(), cfg)
+	})
+	require.NoError(t, admin.err)
+	return admin.pool
+}
+
+// openSchema creates an empty schema owned by t and returns a pool whose
+// search_path points at it. The pool closes, and the schema is dropped, when
+// t ends.
+func openSchema(ctx context.Context, t *testing.T, mode pgx.QueryExecMode) *pgxpool.Pool {
+	t.Helper()
+	ap := adminPool(t)
+	schema := testdb.Name()
+	_, err := ap.Exec(ctx, "CREATE SCHEMA "+schema)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := ap.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE")
+		require.NoError(t, err)
+	})
+	return schemaPool(ctx, t, schema, mode, 10)
+}
+
+// schemaPool opens another pool on schema, closed when t ends.
+func schemaPool(ctx context.Context, t *testing.T, schema string, mode pgx.QueryExecMode, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}

@@ -1,0 +1,71 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemstore/idem"
+)
+
+// SQLSTATE codes interpretError and the claim branch on.
+const (
+	codeSerializationFailure = "40001"
+	codeDeadlockDetected     = "40P01"
+	codeLockNotAvailable     = "55P03"
+	codeQueryCanceled        = "57014"
+	codeTooManyConnections   = "53300"
+	codeAdminShutdown        = "57P01"
+	codeCrashShutdown        = "57P02"
+	codeCannotConnectNow     = "57P03"
+	classConnection          = "08"
+)
+
+// interpretError classifies an error from pgx. The driver's error stays
+// reachable through %w wrapping (errors.As(err, &pgErr) works); nothing is
+// added to the message that could carry a key, scope or body.
+func interpretError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idem.ErrNotFound
+	}
+	// pgconn reports a canceled context as context.Canceled itself, and a
+	// deadline as a timeout wrapping context.DeadlineExceeded.
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("idem: postgres: %w", err)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == codeSerializationFailure, pgErr.Code == codeDeadlockDetected,
+			pgErr.Code == codeLockNotAvailable:
+			return fmt.Errorf("%w: %w", idem.ErrRetryable, err)
+		case pgErr.Code == codeQueryCanceled, // statement_timeout: no answer in time
+			pgErr.Code == codeTooManyConnections,
+			pgErr.Code == codeAdminShutdown, pgErr.Code == codeCrashShutdown,
+			pgErr.Code == codeCannotConnectNow,
+			len(pgErr.Code) == 5 && pgErr.Code[:2] == classConnection:
+			return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
+		default:
+			return fmt.Errorf("idem: postgres: %w", err)
+		}
+	}
+	// Misuse of a finished transaction is the caller's bug, not an outage.
+	if errors.Is(err, pgx.ErrTxClosed) || errors.Is(err, pgx.ErrTxCommitRollback) {
+		return fmt.Errorf("idem: postgres: %w", err)
+	}
+	// Everything else never reached a server that answered: connection
+	// refused or lost, a closed pool, a deadline.
+	return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
+}
+
+// isPgCode reports whether err is a server error with SQLSTATE code.
+func isPgCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}

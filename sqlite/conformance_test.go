@@ -1,0 +1,81 @@
+package sqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/conformance"
+	idemsqlite "github.com/idemstore/idem/sqlite"
+)
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	conformance.Run(t, harness{})
+}
+
+// harness gives every case a database file of its own in t.TempDir().
+type harness struct{}
+
+var _ conformance.Harness[*sql.Tx] = harness{}
+
+func (harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*sql.Tx] {
+	t.Helper()
+	db := openDB(ctx, t)
+	closeDB := func() { _ = db.Close() } // idempotent
+	return &conformance.Namespace[*sql.Tx]{
+		Dialect: idemsqlite.New(db),
+		InsertOrder: func(ctx context.Context, tx *sql.Tx, ref string) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO orders (ref) VALUES (?)`, ref)
+			return err
+		},
+		CountOrders: func(ctx context.Context, ref string) (int, error) {
+			var n int
+			err := db.QueryRowContext(ctx, `SELECT count(*) FROM orders WHERE ref = ?`, ref).Scan(&n)
+			return n, err
+		},
+		CountRecords: func(ctx context.Context) (int, error) {
+			var n int
+			err := db.QueryRowContext(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n)
+			return n, err
+		},
+		Close: closeDB,
+	}
+}
+
+func (harness) Unreachable(_ context.Context, t *testing.T) idem.Dialect[*sql.Tx] {
+	t.Helper()
+	// sql.Open is lazy: the missing directory fails the first use with
+	// SQLITE_CANTOPEN.
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "missing", "idem.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return idemsqlite.New(db)
+}
+
+func (harness) Features() conformance.Features {
+	return conformance.Features{
+		TimePrecision:   time.Microsecond,
+		SingleWriter:    true,
+		WaitGranularity: time.Millisecond,
+	}
+}
+
+// openDB opens a new migrated database file with the test business table,
+// closed when t ends.
+func openDB(ctx context.Context, t *testing.T) *sql.DB {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	db, err := idemsqlite.Open(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, idemsqlite.Migrate(ctx, db))
+	_, err = db.ExecContext(ctx, `CREATE TABLE orders (id INTEGER PRIMARY KEY, ref TEXT NOT NULL)`)
+	require.NoError(t, err)
+	return db
+}

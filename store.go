@@ -1,0 +1,525 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/idemstore/idem/internal/digest"
+)
+
+// Limits on keys and scopes, in bytes. They match the width of the key
+// columns on every dialect.
+const (
+	MaxKeyLength   = 255
+	MaxScopeLength = 255
+)
+
+// Config configures a [Store]. A nil *Config, and every zero field, means the
+// default.
+type Config struct {
+	// LeaseDuration is how long a processing record is presumed alive after
+	// it was claimed. A committed processing record whose lease has not run
+	// out answers other claimers with an *InProgressError whose RetryAfter
+	// is the time left. Defaults to 30s.
+	LeaseDuration time.Duration
+
+	// Retention is how long a record is kept: a claim sets the deadline to
+	// claim time + Retention, a completion to completion time + Retention.
+	// Past the deadline the key is treated as absent and claimed anew, with
+	// whatever fingerprint the new request brings. Choose it to cover the
+	// clients' retry window. Defaults to 24h.
+	Retention time.Duration
+
+	// WaitTimeout bounds how long a claim waits for another transaction that
+	// holds the same key uncommitted. If the holder commits in time, the
+	// claimer sees its record (replay or mismatch); if it rolls back, the
+	// claimer acquires; otherwise the claimer gets an *InProgressError. On
+	// MySQL the wait is rounded up to whole seconds. On SQLite it bounds
+	// only the pool-level [Store.Claim]: a caller's transaction waits for the
+	// database lock when it begins. Defaults to 5s.
+	WaitTimeout time.Duration
+
+	// MaxTxRetries is how many times [Store.Do] runs its transaction again
+	// after an error matching [ErrRetryable] (a deadlock or serialization
+	// failure). Defaults to 3; a negative value disables retries.
+	MaxTxRetries int
+
+	// Logger receives debug records of claim outcomes and warnings. Keys and
+	// scopes appear only as short digests. Defaults to discarding everything.
+	Logger *slog.Logger
+
+	// Now pins the clock used for leases and retention, for tests. Defaults
+	// to nil, which uses the database's clock, the one clock all instances
+	// share.
+	Now func() time.Time
+}
+
+const (
+	defaultLeaseDuration = 30 * time.Second
+	defaultRetention     = 24 * time.Hour
+	defaultWaitTimeout   = 5 * time.Second
+	defaultMaxTxRetries  = 3
+
+	// maxClaimRounds bounds how often a claim starts over when the record
+	// it found changed under it (deleted by the reaper, taken over by a
+	// concurrent claimer). Each round is caused by another writer's progress.
+	maxClaimRounds = 5
+)
+
+func (c *Config) withDefaults() Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.LeaseDuration == 0 {
+		out.LeaseDuration = defaultLeaseDuration
+	}
+	if out.Retention == 0 {
+		out.Retention = defaultRetention
+	}
+	if out.WaitTimeout == 0 {
+		out.WaitTimeout = defaultWaitTimeout
+	}
+	if out.MaxTxRetries == 0 {
+		out.MaxTxRetries = defaultMaxTxRetries
+	} else if out.MaxTxRetries < 0 {
+		out.MaxTxRetries = 0
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.DiscardHandler)
+	}
+	return out
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.LeaseDuration < 0:
+		return errors.New("idem: Config.LeaseDuration must not be negative")
+	case c.Retention < 0:
+		return errors.New("idem: Config.Retention must not be negative")
+	case c.WaitTimeout < 0:
+		return errors.New("idem: Config.WaitTimeout must not be negative")
+	case c.Retention < c.LeaseDuration:
+		return errors.New("idem: Config.Retention must not be shorter than Config.LeaseDuration")
+	}
+	return nil
+}
+
+// Store claims idempotency keys and stores their responses in the
+// idempotency_keys table of one database. TTx is the caller's transaction
+// type (pgx.Tx or *sql.Tx), fixed by the dialect.
+//
+// Every operation comes in two forms: Op runs on the pool, OpTx inside the
+// caller's transaction tx. idem never commits or rolls back a caller's tx.
+//
+// A Store is safe for concurrent use by multiple goroutines, and any number of
+// Stores in any number of processes may share one table: exactly one claimer
+// per (scope, key) acquires it.
+type Store[TTx any] struct {
+	dialect Dialect[TTx]
+	cfg     Config
+}
+
+// New returns a Store over dialect, such as postgres.New(pool). It performs
+// no I/O: the schema must already be migrated (see package migrations).
+func New[TTx any](dialect Dialect[TTx], cfg *Config) (*Store[TTx], error) {
+	if dialect == nil {
+		return nil, errors.New("idem: New needs a dialect")
+	}
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &Store[TTx]{dialect: dialect, cfg: c}, nil
+}
+
+// Claim is the result of claiming a key: either the caller now owns the key
+// (Acquired) and must run the business effect and complete the claim, or the
+// key was already completed and Replay holds the stored record.
+type Claim struct {
+	// Scope and Key name the record.
+	Scope string
+	Key   string
+	// Token is the fencing token of this holder; completion is accepted
+	// only while the record still carries it.
+	Token int64
+	// Attempt counts holders of this key.
+	Attempt int
+	// Replay is the completed record when the key was used before with the
+	// same fingerprint. The caller must answer with Replay.Response and must
+	// not run the business effect again.
+	Replay *Record
+}
+
+// Acquired reports whether the caller owns the key and must run the
+// business effect.
+func (c *Claim) Acquired() bool { return c != nil && c.Replay == nil }
+
+// Result is what [Store.Do] answers.
+type Result struct {
+	// Response is the callback's response, or the stored one on a replay.
+	Response *Response
+	// Replayed is true when Response was stored by an earlier request and
+	// the callback did not run.
+	Replayed bool
+}
+
+// Claim claims key in scope for the request identified by fp, in an
+// autocommitted statement on the pool: the processing record is visible to
+// every other claimer at once. Use it when the business effect is not in the
+// same database; otherwise prefer [Store.ClaimTx] or [Store.Do], which commit
+// the claim with the business rows.
+//
+// Outcomes:
+//   - the key is new, or past its retention deadline: the caller acquires it;
+//   - the key was completed with the same fingerprint: a Claim with Replay set;
+//   - the key was used with another fingerprint: [ErrFingerprint];
+//   - another holder owns it: [ErrInProgress] (as *[InProgressError]).
+//
+// It returns [ErrInvalidKey] or [ErrInvalidScope] for bad input (nothing is
+// written), [ErrStoreUnavailable] when the database cannot be reached, and
+// [ErrRetryable] on a deadlock or serialization failure.
+func (s *Store[TTx]) Claim(ctx context.Context, scope, key string, fp Fingerprint) (*Claim, error) {
+	return s.claim(ctx, s.dialect.DB(), scope, key, fp)
+}
+
+// ClaimTx claims key in scope inside the caller's transaction tx, with the
+// outcomes and errors of [Store.Claim]. idem never commits or rolls back tx;
+// the claim becomes visible, and durable, when the caller commits. Until then
+// other claimers of the key wait (up to Config.WaitTimeout), and if tx rolls
+// back the key is free again.
+//
+// After an acquired ClaimTx, run the business writes on tx, then
+// [Store.CompleteTx] on tx, then commit: the stored response and the business
+// rows commit together, or neither does.
+//
+// After any error, roll tx back unless the error is an *[InProgressError]
+// with TxAborted false or [ErrFingerprint]; on PostgreSQL every database
+// error aborts the transaction.
+func (s *Store[TTx]) ClaimTx(ctx context.Context, tx TTx, scope, key string, fp Fingerprint) (*Claim, error) {
+	return s.claim(ctx, s.dialect.Tx(tx), scope, key, fp)
+}
+
+func (s *Store[TTx]) claim(ctx context.Context, exec Executor, scope, key string, fp Fingerprint) (*Claim, error) {
+	if err := validate(scope, key); err != nil {
+		return nil, err
+	}
+	kd := digest.Key(scope, key)
+	for range maxClaimRounds {
+		token := newToken()
+		res, err := exec.Claim(ctx, &ClaimParams{
+			Scope:         scope,
+			Key:           key,
+			Fingerprint:   fp,
+			Token:         token,
+			LeaseDuration: s.cfg.LeaseDuration,
+			Retention:     s.cfg.Retention,
+			WaitTimeout:   s.cfg.WaitTimeout,
+			Now:           s.now(),
+		})
+		if errors.Is(err, ErrNotFound) {
+			continue // the conflicting record vanished before we read it
+		}
+		if err != nil {
+			var inProgress *InProgressError
+			if errors.As(err, &inProgress) {
+				out := *inProgress
+				out.KeyDigest = kd
+				s.logOutcome(ctx, kd, "in_progress_uncommitted")
+				return nil, &out
+			}
+			return nil, fmt.Errorf("idem: claim key %s: %w", kd, err)
+		}
+		rec := res.Record
+		if res.Created {
+			s.logOutcome(ctx, kd, "acquired")
+			return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt}, nil
+		}
+		if !rec.ExpiresAt.After(res.Now) {
+			// Past retention the old intent is forgotten: claim the key
+			// anew, fenced by the old token so only one claimer wins.
+			newTok := max(token, rec.Token+1)
+			err := exec.Takeover(ctx, &TakeoverParams{
+				Scope:         scope,
+				Key:           key,
+				Token:         rec.Token,
+				NewToken:      newTok,
+				Fingerprint:   fp,
+				Attempt:       1,
+				LeaseDuration: s.cfg.LeaseDuration,
+				Retention:     s.cfg.Retention,
+				Now:           s.now(),
+			})
+			if errors.Is(err, ErrFenced) {
+				continue // another claimer took it over first
+			}
+			if err != nil {
+				return nil, fmt.Errorf("idem: claim expired key %s: %w", kd, err)
+			}
+			s.logOutcome(ctx, kd, "acquired_expired")
+			return &Claim{Scope: scope, Key: key, Token: newTok, Attempt: 1}, nil
+		}
+		if !rec.Fingerprint.Equal(fp) {
+			s.logOutcome(ctx, kd, "fingerprint_mismatch")
+			return nil, fmt.Errorf("%w (key %s)", ErrFingerprint, kd)
+		}
+		if rec.Status.Final() {
+			s.logOutcome(ctx, kd, "replay")
+			return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, nil
+		}
+		s.logOutcome(ctx, kd, "in_progress")
+		return nil, &InProgressError{KeyDigest: kd, RetryAfter: max(rec.LeaseExpiresAt.Sub(res.Now), 0)}
+	}
+	return nil, fmt.Errorf("idem: claim key %s: the record kept changing under concurrent writers: %w", kd, ErrRetryable)
+}
+
+// Complete stores resp as the successful result of the acquired claim c, in
+// an autocommitted statement on the pool; from then on every retry with the
+// same fingerprint replays it. Use it after [Store.Claim].
+//
+// It returns [ErrFenced] and changes nothing when c does not own the key any
+// more (completed already, released, taken over) or never did (a replay).
+func (s *Store[TTx]) Complete(ctx context.Context, c *Claim, resp *Response) error {
+	return s.complete(ctx, s.dialect.DB(), c, StatusSucceeded, resp)
+}
+
+// CompleteTx stores resp as the successful result of the acquired claim c
+// inside the caller's transaction tx, with the errors of [Store.Complete].
+// idem never commits or rolls back tx; the response becomes visible, and
+// durable, when the caller commits, together with the business rows.
+func (s *Store[TTx]) CompleteTx(ctx context.Context, tx TTx, c *Claim, resp *Response) error {
+	return s.complete(ctx, s.dialect.Tx(tx), c, StatusSucceeded, resp)
+}
+
+// Fail stores resp as the final, failed result of c: for failures that
+// already had side effects and must not run again. It is replayed exactly
+// like a success. Errors are those of [Store.Complete]. For failures that are
+// safe to retry, use [Store.Release] (or roll back the claiming transaction).
+func (s *Store[TTx]) Fail(ctx context.Context, c *Claim, resp *Response) error {
+	return s.complete(ctx, s.dialect.DB(), c, StatusFailed, resp)
+}
+
+// FailTx is [Store.Fail] inside the caller's transaction tx. idem never
+// commits or rolls back tx.
+func (s *Store[TTx]) FailTx(ctx context.Context, tx TTx, c *Claim, resp *Response) error {
+	return s.complete(ctx, s.dialect.Tx(tx), c, StatusFailed, resp)
+}
+
+func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, status Status, resp *Response) error {
+	if err := validateClaim(c); err != nil {
+		return err
+	}
+	if resp == nil {
+		return errors.New("idem: complete: nil response")
+	}
+	kd := digest.Key(c.Scope, c.Key)
+	err := exec.Complete(ctx, &CompleteParams{
+		Scope:     c.Scope,
+		Key:       c.Key,
+		Token:     c.Token,
+		Status:    status,
+		Response:  resp,
+		Retention: s.cfg.Retention,
+		Now:       s.now(),
+	})
+	if err != nil {
+		return fmt.Errorf("idem: complete key %s: %w", kd, err)
+	}
+	s.logOutcome(ctx, kd, "completed_"+status.String())
+	return nil
+}
+
+// Release gives up the acquired claim c after a failure that is safe to
+// retry: the record is deleted, so the next claimer acquires at once. It
+// returns [ErrFenced] and changes nothing when c does not own the key.
+func (s *Store[TTx]) Release(ctx context.Context, c *Claim) error {
+	return s.release(ctx, s.dialect.DB(), c)
+}
+
+// ReleaseTx is [Store.Release] inside the caller's transaction tx. idem never
+// commits or rolls back tx.
+func (s *Store[TTx]) ReleaseTx(ctx context.Context, tx TTx, c *Claim) error {
+	return s.release(ctx, s.dialect.Tx(tx), c)
+}
+
+func (s *Store[TTx]) release(ctx context.Context, exec Executor, c *Claim) error {
+	if err := validateClaim(c); err != nil {
+		return err
+	}
+	kd := digest.Key(c.Scope, c.Key)
+	if err := exec.Release(ctx, &ReleaseParams{Scope: c.Scope, Key: c.Key, Token: c.Token}); err != nil {
+		return fmt.Errorf("idem: release key %s: %w", kd, err)
+	}
+	s.logOutcome(ctx, kd, "released")
+	return nil
+}
+
+// Get returns the live record for key in scope, reading on the pool without
+// taking locks. It returns [ErrNotFound] when there is none or it is past its
+// retention deadline; an uncommitted claim of another transaction is not seen.
+func (s *Store[TTx]) Get(ctx context.Context, scope, key string) (*Record, error) {
+	return s.get(ctx, s.dialect.DB(), scope, key)
+}
+
+// GetTx is [Store.Get] inside the caller's transaction tx, which sees the
+// transaction's own uncommitted claim. idem never commits or rolls back tx.
+func (s *Store[TTx]) GetTx(ctx context.Context, tx TTx, scope, key string) (*Record, error) {
+	return s.get(ctx, s.dialect.Tx(tx), scope, key)
+}
+
+func (s *Store[TTx]) get(ctx context.Context, exec Executor, scope, key string) (*Record, error) {
+	if err := validate(scope, key); err != nil {
+		return nil, err
+	}
+	rec, err := exec.Get(ctx, &GetParams{Scope: scope, Key: key, Now: s.now()})
+	if err != nil {
+		return nil, fmt.Errorf("idem: get key %s: %w", digest.Key(scope, key), err)
+	}
+	return rec, nil
+}
+
+// Do runs fn exactly once per (scope, key, fp) across every process sharing
+// the table: it begins a transaction, claims the key in it, runs fn with the
+// transaction, stores fn's response and commits, so the business rows and the
+// stored response commit together. A retry with the same fingerprint gets the
+// stored response (Result.Replayed) without running fn.
+//
+// fn must touch the database only through tx, and nothing outside it: Do
+// runs it again when the transaction fails with [ErrRetryable] (a deadlock
+// or serialization failure), up to Config.MaxTxRetries times. Work with
+// outside side effects must use [Store.Claim] and [Store.Complete] instead.
+//
+// If fn returns an error or panics, the transaction rolls back, nothing is
+// stored, the key is free again, and the error (or panic) reaches the caller.
+// An error from fn that matches [ErrRetryable] is retried like idem's own.
+// Other errors are those of [Store.Claim].
+func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
+	if err := validate(scope, key); err != nil {
+		return nil, err
+	}
+	if fn == nil {
+		return nil, errors.New("idem: Do needs a callback")
+	}
+	for try := 0; ; try++ {
+		res, err := s.doOnce(ctx, scope, key, fp, fn)
+		if err == nil || !errors.Is(err, ErrRetryable) || try >= s.cfg.MaxTxRetries || ctx.Err() != nil {
+			return res, err
+		}
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: retrying transaction",
+			slog.String("key", digest.Key(scope, key)), slog.Int("try", try+1))
+		if err := sleepCtx(ctx, backoff(try)); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerprint, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
+	tx, err := s.dialect.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idem: begin: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			// Roll back even when ctx is cancelled; runs during panics too.
+			_ = s.dialect.Rollback(context.WithoutCancel(ctx), tx)
+		}
+	}()
+	c, err := s.ClaimTx(ctx, tx, scope, key, fp)
+	if err != nil {
+		return nil, err
+	}
+	if !c.Acquired() {
+		return &Result{Response: c.Replay.Response, Replayed: true}, nil
+	}
+	resp, err := fn(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	if resp == nil {
+		return nil, errors.New("idem: Do callback returned a nil response and no error")
+	}
+	if err := s.CompleteTx(ctx, tx, c, resp); err != nil {
+		return nil, err
+	}
+	done = true
+	if err := s.dialect.Commit(ctx, tx); err != nil {
+		return nil, fmt.Errorf("idem: commit key %s: %w", digest.Key(scope, key), err)
+	}
+	return &Result{Response: resp}, nil
+}
+
+func (s *Store[TTx]) now() *time.Time {
+	if s.cfg.Now == nil {
+		return nil
+	}
+	t := s.cfg.Now().UTC()
+	return &t
+}
+
+func (s *Store[TTx]) logOutcome(ctx context.Context, keyDigest, outcome string) {
+	s.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: "+outcome,
+		slog.String("dialect", s.dialect.Name()), slog.String("key", keyDigest))
+}
+
+// newToken proposes a fencing token for a new holder. Wall-clock
+// microseconds keep tokens increasing across a key's deletion and re-creation;
+// takeovers also enforce old+1, so a token never repeats for a live record.
+func newToken() int64 { return time.Now().UnixMicro() }
+
+func validate(scope, key string) error {
+	if !validText(scope, MaxScopeLength) {
+		return ErrInvalidScope
+	}
+	if !validText(key, MaxKeyLength) {
+		return ErrInvalidKey
+	}
+	return nil
+}
+
+func validateClaim(c *Claim) error {
+	if c == nil {
+		return fmt.Errorf("idem: nil claim: %w", ErrFenced)
+	}
+	if err := validate(c.Scope, c.Key); err != nil {
+		return err
+	}
+	if c.Replay != nil {
+		return fmt.Errorf("idem: key %s was replayed, not acquired: %w", digest.Key(c.Scope, c.Key), ErrFenced)
+	}
+	return nil
+}
+
+func validText(s string, maxLen int) bool {
+	if s == "" || len(s) > maxLen || !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
+func backoff(try int) time.Duration {
+	base := 5 * time.Millisecond << min(try, 6)
+	return base/2 + rand.N(base)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
