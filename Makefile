@@ -1,0 +1,67 @@
+# Every target with a "## text" comment is listed by `make help` (the default target).
+# The server tests read IDEM_TEST_POSTGRES_URL and IDEM_TEST_MYSQL_DSN (see README.md).
+
+GO ?= go
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@echo "usage: make <target>"
+	@echo
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_\/-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+.PHONY: test
+test: ## Run every test (SQLite always; PostgreSQL and MariaDB when reachable, skipped otherwise)
+	$(GO) test -race -count=1 ./...
+
+.PHONY: test/sqlite
+test/sqlite: ## Run the tests that need no server: root package, sqlite dialect, migrations
+	$(GO) test -race -count=1 . ./sqlite/... ./migrations/...
+
+# IDEM_TEST_REQUIRE_DB=1: asking for a server's tests by name and getting skips would be a lie.
+.PHONY: test/postgres
+test/postgres: ## Run the PostgreSQL dialect tests (fail if the server is unreachable)
+	IDEM_TEST_REQUIRE_DB=1 $(GO) test -race -count=1 ./postgres/...
+
+.PHONY: test/mysql
+test/mysql: ## Run the MySQL/MariaDB dialect tests (fail if the server is unreachable)
+	IDEM_TEST_REQUIRE_DB=1 $(GO) test -race -count=1 ./mysql/...
+
+.PHONY: lint
+lint: ## Run golangci-lint with .golangci.yaml (install it first; see the message)
+	@if command -v golangci-lint >/dev/null 2>&1; then \
+		golangci-lint run; \
+	else \
+		echo "golangci-lint is not installed. Install v2 outside this module, e.g.:"; \
+		echo "  go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0"; \
+		echo "(or see https://golangci-lint.run/welcome/install/)"; \
+		exit 1; \
+	fi
+
+.PHONY: tidy
+tidy: ## Run go mod tidy and fail if it changed go.mod or go.sum
+	$(GO) mod tidy
+	git diff --exit-code go.mod go.sum
+
+.PHONY: bench
+bench: ## Run the benchmarks (no tests)
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+.PHONY: demo
+demo: ## Run the orders demo on embedded SQLite (examples/orders)
+	@if [ -d examples/orders ]; then \
+		$(GO) run ./examples/orders; \
+	else \
+		echo "examples/orders does not exist yet: there is no demo to run."; \
+		echo "The runnable examples are in example_test.go: go test -run Example -v ."; \
+		exit 1; \
+	fi
+
+.PHONY: goose-cli
+goose-cli: ## Check the goose CLI migrates the shipped files up and down on all three dialects
+	bash .ci/goose-cli.sh
+
+.PHONY: ci
+ci: ## Run what CI runs: start the servers, gofmt, vet, tests, goose CLI check
+	bash .ci/run
