@@ -11,15 +11,15 @@ import (
 
 func claimCases[TTx any]() []testCase[TTx] {
 	return []testCase[TTx]{
-		{"ClaimNewKeyAcquires", testClaimNewKeyAcquires[TTx]},
-		{"SequentialReplay", testSequentialReplay[TTx]},
-		{"FingerprintMismatch", testFingerprintMismatch[TTx]},
-		{"InProgressLiveLease", testInProgressLiveLease[TTx]},
-		{"ScopesAreIndependent", testScopesAreIndependent[TTx]},
-		{"OwnershipAndFencing", testOwnershipAndFencing[TTx]},
-		{"ReleaseFreesKey", testReleaseFreesKey[TTx]},
-		{"FailIsStoredAndReplayed", testFailIsStoredAndReplayed[TTx]},
-		{"KeysMatchLiterally", testKeysMatchLiterally[TTx]},
+		{name: "ClaimNewKeyAcquires", run: testClaimNewKeyAcquires[TTx]},
+		{name: "SequentialReplay", run: testSequentialReplay[TTx]},
+		{name: "FingerprintMismatch", run: testFingerprintMismatch[TTx]},
+		{name: "InProgressLiveLease", run: testInProgressLiveLease[TTx]},
+		{name: "ScopesAreIndependent", run: testScopesAreIndependent[TTx]},
+		{name: "OwnershipAndFencing", run: testOwnershipAndFencing[TTx]},
+		{name: "ReleaseFreesKey", run: testReleaseFreesKey[TTx]},
+		{name: "FailIsStoredAndReplayed", run: testFailIsStoredAndReplayed[TTx]},
+		{name: "KeysMatchLiterally", run: testKeysMatchLiterally[TTx]},
 	}
 }
 

@@ -16,9 +16,9 @@ import (
 
 func concurrencyCases[TTx any]() []testCase[TTx] {
 	return []testCase[TTx]{
-		{"ConcurrentDoOneKey", testConcurrentDoOneKey[TTx]},
-		{"ConcurrentClaimOneKey", testConcurrentClaimOneKey[TTx]},
-		{"ConcurrentManyKeysWithFailures", testConcurrentManyKeysWithFailures[TTx]},
+		{name: "ConcurrentDoOneKey", run: testConcurrentDoOneKey[TTx]},
+		{name: "ConcurrentClaimOneKey", run: testConcurrentClaimOneKey[TTx]},
+		{name: "ConcurrentManyKeysWithFailures", run: testConcurrentManyKeysWithFailures[TTx]},
 	}
 }
 

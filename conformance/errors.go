@@ -13,12 +13,12 @@ import (
 
 func errorCases[TTx any]() []testCase[TTx] {
 	return []testCase[TTx]{
-		{"InvalidKeysAndScopes", testInvalidKeysAndScopes[TTx]},
-		{"LongestKeyAndScopeRoundTrip", testLongestKeyAndScopeRoundTrip[TTx]},
-		{"ClosedPoolIsUnavailable", testClosedPoolIsUnavailable[TTx]},
-		{"UnreachableServerIsUnavailable", testUnreachableServerIsUnavailable[TTx]},
-		{"CanceledContext", testCanceledContext[TTx]},
-		{"NoRawKeyOrScopeInErrors", testNoRawKeyOrScopeInErrors[TTx]},
+		{name: "InvalidKeysAndScopes", run: testInvalidKeysAndScopes[TTx]},
+		{name: "LongestKeyAndScopeRoundTrip", run: testLongestKeyAndScopeRoundTrip[TTx]},
+		{name: "ClosedPoolIsUnavailable", run: testClosedPoolIsUnavailable[TTx]},
+		{name: "UnreachableServerIsUnavailable", run: testUnreachableServerIsUnavailable[TTx]},
+		{name: "CanceledContext", run: testCanceledContext[TTx]},
+		{name: "NoRawKeyOrScopeInErrors", run: testNoRawKeyOrScopeInErrors[TTx]},
 	}
 }
 

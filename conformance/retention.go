@@ -12,9 +12,9 @@ import (
 
 func retentionCases[TTx any]() []testCase[TTx] {
 	return []testCase[TTx]{
-		{"RetentionExpiredKeyClaimedAnew", testRetentionExpiredKeyClaimedAnew[TTx]},
-		{"RetentionCountsFromCompletion", testRetentionCountsFromCompletion[TTx]},
-		{"RetentionExpiredProcessingTakenOverOnce", testRetentionExpiredProcessingTakenOverOnce[TTx]},
+		{name: "RetentionExpiredKeyClaimedAnew", run: testRetentionExpiredKeyClaimedAnew[TTx]},
+		{name: "RetentionCountsFromCompletion", run: testRetentionCountsFromCompletion[TTx]},
+		{name: "RetentionExpiredProcessingTakenOverOnce", run: testRetentionExpiredProcessingTakenOverOnce[TTx]},
 	}
 }
 

@@ -15,11 +15,12 @@ import (
 
 func txCases[TTx any]() []testCase[TTx] {
 	return []testCase[TTx]{
-		{"TxRollbackFreesKey", testTxRollbackFreesKey[TTx]},
-		{"TxCommitIsAtomic", testTxCommitIsAtomic[TTx]},
-		{"TxGetSeesOwnClaim", testTxGetSeesOwnClaim[TTx]},
-		{"DoCallbackErrorRollsBack", testDoCallbackErrorRollsBack[TTx]},
-		{"DoCallbackPanicRollsBack", testDoCallbackPanicRollsBack[TTx]},
+		{name: "TxRollbackFreesKey", run: testTxRollbackFreesKey[TTx]},
+		{name: "TxCommitIsAtomic", run: testTxCommitIsAtomic[TTx]},
+		{name: "TxGetSeesOwnClaim", run: testTxGetSeesOwnClaim[TTx]},
+		{name: "DoCallbackErrorRollsBack", run: testDoCallbackErrorRollsBack[TTx]},
+		{name: "DoCallbackPanicRollsBack", run: testDoCallbackPanicRollsBack[TTx]},
+		{name: "FailTxAndReleaseTxJoinTheTransaction", run: testFailTxAndReleaseTxJoinTheTransaction[TTx]},
 	}
 }
 
@@ -184,4 +185,47 @@ func testDoCallbackPanicRollsBack[TTx any](t *testing.T, h Harness[TTx]) {
 	c, err := b.store.Claim(ctx, "t1/create", key, fp("x"))
 	require.NoError(t, err)
 	require.True(t, c.Acquired())
+}
+
+// testFailTxAndReleaseTxJoinTheTransaction checks that the Tx variants of
+// Fail and Release write inside the caller's transaction: rolled back, they
+// leave no trace; committed, they take effect.
+func testFailTxAndReleaseTxJoinTheTransaction[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := setup(t, h, nil)
+	declined := &idem.Response{StatusCode: 402, Body: []byte(`{"code":"card_declined"}`)}
+
+	key := newKey("failtx")
+	tx := b.begin(ctx, t)
+	c, err := b.store.ClaimTx(ctx, tx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	require.NoError(t, b.store.FailTx(ctx, tx, c, declined))
+	require.NoError(t, b.ns.Dialect.Rollback(ctx, tx))
+	require.Zero(t, b.records(ctx, t), "a rolled-back FailTx must leave nothing")
+
+	tx = b.begin(ctx, t)
+	c, err = b.store.ClaimTx(ctx, tx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	require.True(t, c.Acquired())
+	require.NoError(t, b.store.FailTx(ctx, tx, c, declined))
+	require.NoError(t, b.ns.Dialect.Commit(ctx, tx))
+	replay, err := b.store.Claim(ctx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	require.Equal(t, idem.StatusFailed, replay.Replay.Status)
+	require.Equal(t, declined.Body, replay.Replay.Response.Body)
+
+	rkey := newKey("releasetx")
+	held, err := b.store.Claim(ctx, "t1/pay", rkey, fp("x"))
+	require.NoError(t, err)
+	tx = b.begin(ctx, t)
+	require.NoError(t, b.store.ReleaseTx(ctx, tx, held))
+	require.NoError(t, b.ns.Dialect.Rollback(ctx, tx))
+	rec, err := b.store.Get(ctx, "t1/pay", rkey)
+	require.NoError(t, err, "a rolled-back ReleaseTx must keep the record")
+	require.Equal(t, held.Token, rec.Token)
+
+	tx = b.begin(ctx, t)
+	require.NoError(t, b.store.ReleaseTx(ctx, tx, held))
+	require.NoError(t, b.ns.Dialect.Commit(ctx, tx))
+	_, err = b.store.Get(ctx, "t1/pay", rkey)
+	require.ErrorIs(t, err, idem.ErrNotFound)
 }

@@ -12,9 +12,10 @@ import (
 
 func waitCases[TTx any]() []testCase[TTx] {
 	return []testCase[TTx]{
-		{"WaitTimeoutGivesInProgress", testWaitTimeoutGivesInProgress[TTx]},
-		{"WaiterSeesHolderCommit", testWaiterSeesHolderCommit[TTx]},
-		{"WaiterAcquiresAfterHolderRollback", testWaiterAcquiresAfterHolderRollback[TTx]},
+		{name: "WaitTimeoutGivesInProgress", run: testWaitTimeoutGivesInProgress[TTx]},
+		{name: "WaiterSeesHolderCommit", run: testWaiterSeesHolderCommit[TTx]},
+		{name: "WaiterAcquiresAfterHolderRollback", run: testWaiterAcquiresAfterHolderRollback[TTx]},
+		{name: "WaiterWithOldSnapshotSeesHolderCommit", run: testWaiterWithOldSnapshotSeesHolderCommit[TTx], applies: concurrentWriters},
 	}
 }
 
@@ -160,5 +161,61 @@ func testWaiterAcquiresAfterHolderRollback[TTx any](t *testing.T, h Harness[TTx]
 		requireSameResponse(t, orderResponse(key), results[i].Response)
 	}
 	require.Equal(t, 1, executed, "exactly one waiter must take over after the rollback")
+	require.Equal(t, 1, b.orders(ctx, t, key))
+}
+
+// testWaiterWithOldSnapshotSeesHolderCommit: a waiter whose transaction has
+// already read (fixing its snapshot under REPEATABLE READ, MySQL's default)
+// before the holder commits must still see the holder's record after its
+// claim waited for it: a replay for the same fingerprint, ErrFingerprint for
+// another. Not run where writers serialise at BEGIN (SQLite), where a waiter
+// cannot hold a snapshot while the holder is uncommitted.
+func testWaiterWithOldSnapshotSeesHolderCommit[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := setup(t, h, &idem.Config{WaitTimeout: 10 * time.Second})
+	key := newKey("oldsnap")
+
+	holder := b.begin(ctx, t)
+	c, err := b.store.ClaimTx(ctx, holder, "t1/create", key, fp("x"))
+	require.NoError(t, err)
+	require.NoError(t, b.ns.InsertOrder(ctx, holder, key))
+	require.NoError(t, b.store.CompleteTx(ctx, holder, c, orderResponse(key)))
+
+	// Each waiter reads first: under REPEATABLE READ this fixes its snapshot
+	// before the holder commits.
+	same := b.begin(ctx, t)
+	_, err = b.store.GetTx(ctx, same, "t1/create", key)
+	require.ErrorIs(t, err, idem.ErrNotFound)
+	other := b.begin(ctx, t)
+	_, err = b.store.GetTx(ctx, other, "t1/create", key)
+	require.ErrorIs(t, err, idem.ErrNotFound)
+
+	type outcome struct {
+		claim *idem.Claim
+		err   error
+	}
+	sameCh := make(chan outcome, 1)
+	otherCh := make(chan outcome, 1)
+	// Each waiter ends its transaction as soon as its claim answers: on
+	// MySQL the claim keeps a lock on the row until then, which the other
+	// waiter would queue behind.
+	go func() {
+		c, err := b.store.ClaimTx(ctx, same, "t1/create", key, fp("x"))
+		_ = b.ns.Dialect.Rollback(ctx, same)
+		sameCh <- outcome{c, err}
+	}()
+	go func() {
+		c, err := b.store.ClaimTx(ctx, other, "t1/create", key, fp("y"))
+		_ = b.ns.Dialect.Rollback(ctx, other)
+		otherCh <- outcome{c, err}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	require.NoError(t, b.ns.Dialect.Commit(ctx, holder))
+
+	s := <-sameCh
+	require.NoError(t, s.err, "a waiter with an older snapshot must see the holder's committed record")
+	require.False(t, s.claim.Acquired())
+	requireSameResponse(t, orderResponse(key), s.claim.Replay.Response)
+	o := <-otherCh
+	require.ErrorIs(t, o.err, idem.ErrFingerprint)
 	require.Equal(t, 1, b.orders(ctx, t, key))
 }
