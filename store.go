@@ -45,9 +45,10 @@ type Config struct {
 	// database lock when it begins. Defaults to 5s.
 	WaitTimeout time.Duration
 
-	// MaxTxRetries is how many times [Store.Do] runs its transaction again
-	// after an error matching [ErrRetryable] (a deadlock or serialization
-	// failure). Defaults to 3; a negative value disables retries.
+	// MaxTxRetries is how many times [Store.Do] runs its transaction again,
+	// and [Store.Claim] its statement, after an error matching [ErrRetryable]
+	// (a deadlock or serialization failure). Defaults to 3; a negative value
+	// disables retries.
 	MaxTxRetries int
 
 	// Logger receives debug records of claim outcomes and warnings. Keys and
@@ -183,10 +184,22 @@ type Result struct {
 //   - another holder owns it: [ErrInProgress] (as *[InProgressError]).
 //
 // It returns [ErrInvalidKey] or [ErrInvalidScope] for bad input (nothing is
-// written), [ErrStoreUnavailable] when the database cannot be reached, and
-// [ErrRetryable] on a deadlock or serialization failure.
+// written) and [ErrStoreUnavailable] when the database cannot be reached. A
+// deadlock is retried up to Config.MaxTxRetries times before [ErrRetryable]
+// is returned.
 func (s *Store[TTx]) Claim(ctx context.Context, scope, key string, fp Fingerprint) (*Claim, error) {
-	return s.claim(ctx, s.dialect.DB(), scope, key, fp)
+	// On the pool each statement commits on its own, so a deadlock victim
+	// (possible on MySQL when claimers of one key pile up) lost nothing but
+	// that statement: trying again is safe, unlike inside a caller's tx.
+	for try := 0; ; try++ {
+		c, err := s.claim(ctx, s.dialect.DB(), scope, key, fp)
+		if err == nil || !errors.Is(err, ErrRetryable) || try >= s.cfg.MaxTxRetries || ctx.Err() != nil {
+			return c, err
+		}
+		if err := sleepCtx(ctx, backoff(try)); err != nil {
+			return nil, err
+		}
+	}
 }
 
 // ClaimTx claims key in scope inside the caller's transaction tx, with the

@@ -1,0 +1,232 @@
+package mysql_test
+
+import (
+	"context"
+	"database/sql"
+	"flag"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/conformance"
+	"github.com/idemstore/idem/internal/testdb"
+	idemmysql "github.com/idemstore/idem/mysql"
+)
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	conformance.Run(t, newHarness(t, idemmysql.New))
+}
+
+// TestConformanceSessionVariable runs the suite through the claim path
+// written for MySQL 8 (session innodb_lock_wait_timeout set and restored
+// around the claim), which MariaDB also accepts.
+func TestConformanceSessionVariable(t *testing.T) {
+	t.Parallel()
+	conformance.Run(t, newHarness(t, idemmysql.NewSessionVariablePath))
+}
+
+// harness implements conformance.Harness with one database per Open.
+type harness struct {
+	server     *server
+	newDialect func(*sql.DB) *idemmysql.Dialect
+}
+
+var _ conformance.Harness[*sql.Tx] = (*harness)(nil)
+
+func newHarness(t *testing.T, newDialect func(*sql.DB) *idemmysql.Dialect) *harness {
+	t.Helper()
+	return &harness{server: testServer(t), newDialect: newDialect}
+}
+
+func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*sql.Tx] {
+	t.Helper()
+	ns := h.server.open(ctx, t, true)
+	return &conformance.Namespace[*sql.Tx]{
+		Dialect:      h.newDialect(ns.db),
+		InsertOrder:  ns.insertOrder,
+		CountOrders:  ns.countOrders,
+		CountRecords: ns.countRecords,
+		Close:        func() { _ = ns.db.Close() },
+	}
+}
+
+func (h *harness) Unreachable(_ context.Context, t *testing.T) idem.Dialect[*sql.Tx] {
+	t.Helper()
+	cfg := h.server.cfg.Clone()
+	cfg.Addr = "127.0.0.1:1" // nothing listens on port 1
+	cfg.DBName = ""
+	cfg.Timeout = 2 * time.Second
+	return h.newDialect(openDB(t, cfg))
+}
+
+func (h *harness) Features() conformance.Features {
+	return conformance.Features{
+		TimePrecision:   time.Microsecond,
+		WaitGranularity: time.Second,
+	}
+}
+
+// server is the test server, shared by every test of the binary.
+type server struct {
+	cfg   *gomysql.Config // the base DSN
+	admin *sql.DB         // creates and drops databases, counts rows
+	// conns is the connection limit of each namespace's pool; see budget.
+	conns int
+}
+
+var (
+	serverOnce sync.Once
+	shared     *server
+	sharedErr  error
+)
+
+// testServer returns the shared server, skipping t when it is unreachable
+// (failing it under CI or IDEM_TEST_REQUIRE_DB=1).
+func testServer(t *testing.T) *server {
+	t.Helper()
+	dsn := testdb.MySQLDSN(t, func(dsn string) (string, error) {
+		cfg, err := gomysql.ParseDSN(dsn)
+		if err != nil {
+			return "", err
+		}
+		return cfg.Addr, nil
+	})
+	serverOnce.Do(func() { shared, sharedErr = connectServer(dsn) })
+	require.NoError(t, sharedErr)
+	return shared
+}
+
+const adminConns = 5
+
+func connectServer(dsn string) (*server, error) {
+	cfg, err := gomysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ParseTime = true
+	admin := cfg.Clone()
+	if admin.Params == nil {
+		admin.Params = map[string]string{}
+	}
+	// A test that leaks an open transaction must make DROP DATABASE fail
+	// after a while, not wait for its metadata lock for a year.
+	admin.Params["lock_wait_timeout"] = "30"
+	conn, err := gomysql.NewConnector(admin)
+	if err != nil {
+		return nil, err
+	}
+	db := sql.OpenDB(conn)
+	db.SetMaxOpenConns(adminConns)
+	db.SetMaxIdleConns(adminConns)
+	var maxConns int
+	if err := db.QueryRowContext(context.Background(), "SELECT @@max_connections").Scan(&maxConns); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return &server{cfg: cfg, admin: db, conns: budget(maxConns)}, nil
+}
+
+// budget shares the server's max_connections between the namespaces of the
+// tests that run at once (at most -test.parallel, each opening one
+// namespace), keeping room for the admin pool and other clients. Contention
+// cases run 50+ goroutines on one key; they queue for the pool's
+// connections rather than exhaust the server's.
+func budget(maxConns int) int {
+	parallel := 1
+	if f := flag.Lookup("test.parallel"); f != nil {
+		if n, err := strconv.Atoi(f.Value.String()); err == nil && n > 0 {
+			parallel = n
+		}
+	}
+	const reserve = adminConns + 10
+	return min(max((maxConns-reserve)/parallel, 4), 20)
+}
+
+// namespace is one test database.
+type namespace struct {
+	name  string
+	db    *sql.DB
+	admin *sql.DB
+}
+
+// open creates a migrated database holding idem's table and the orders
+// table, and a pool on it with parseTime=true and interpolateParams as given.
+func (s *server) open(ctx context.Context, t *testing.T, interpolate bool) *namespace {
+	t.Helper()
+	name := s.createDatabase(ctx, t)
+	db := s.connect(t, name, interpolate)
+	require.NoError(t, idemmysql.Migrate(ctx, db))
+	_, err := db.ExecContext(ctx, `CREATE TABLE orders (
+		id  BIGINT AUTO_INCREMENT PRIMARY KEY,
+		ref VARCHAR(255) NOT NULL
+	) ENGINE = InnoDB`)
+	require.NoError(t, err)
+	return &namespace{name: name, db: db, admin: s.admin}
+}
+
+// connect opens a pool on database name with the settings idem needs:
+// parseTime=true, loc=UTC (the driver's default, set here to make it
+// visible); interpolateParams=true saves the prepare round trip of each
+// statement, false runs them as server-side prepared statements.
+func (s *server) connect(t *testing.T, name string, interpolate bool) *sql.DB {
+	t.Helper()
+	cfg := s.cfg.Clone()
+	cfg.DBName = name
+	cfg.ParseTime = true
+	cfg.Loc = time.UTC
+	cfg.InterpolateParams = interpolate
+	db := openDB(t, cfg)
+	db.SetMaxOpenConns(s.conns)
+	db.SetMaxIdleConns(s.conns)
+	return db
+}
+
+// createDatabase creates an empty database dropped when t ends.
+func (s *server) createDatabase(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	name := testdb.Name() // [a-z0-9_] only: safe unquoted
+	_, err := s.admin.ExecContext(ctx, "CREATE DATABASE "+name)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := s.admin.ExecContext(context.WithoutCancel(ctx), "DROP DATABASE IF EXISTS "+name)
+		assert.NoError(t, err)
+	})
+	return name
+}
+
+// openDB opens a pool for cfg, closed when t ends (before the database is
+// dropped, as cleanups run last-in first-out).
+func openDB(t *testing.T, cfg *gomysql.Config) *sql.DB {
+	t.Helper()
+	conn, err := gomysql.NewConnector(cfg)
+	require.NoError(t, err)
+	db := sql.OpenDB(conn)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func (n *namespace) insertOrder(ctx context.Context, tx *sql.Tx, ref string) error {
+	_, err := tx.ExecContext(ctx, "INSERT INTO orders (ref) VALUES (?)", ref)
+	return err
+}
+
+// countOrders and countRecords read through the admin pool, so they work
+// after the namespace's pool is closed.
+func (n *namespace) countOrders(ctx context.Context, ref string) (int, error) {
+	var c int
+	err := n.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+n.name+".orders WHERE ref = ?", ref).Scan(&c)
+	return c, err
+}
+
+func (n *namespace) countRecords(ctx context.Context) (int, error) {
+	var c int
+	err := n.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+n.name+".idempotency_keys").Scan(&c)
+	return c, err
+}

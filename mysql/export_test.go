@@ -1,0 +1,13 @@
+package mysql
+
+import "database/sql"
+
+// NewSessionVariablePath returns a Dialect that bounds the claim's lock wait
+// the way it does on MySQL 8 (session variable set and restored around the
+// claim) whatever the server, so that path runs against MariaDB too, which
+// accepts its statements.
+func NewSessionVariablePath(db *sql.DB) *Dialect {
+	d := New(db)
+	d.server.Store(&serverInfo{mariaDB: false})
+	return d
+}

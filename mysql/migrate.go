@@ -1,0 +1,65 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/pressly/goose/v3"
+
+	"github.com/idemstore/idem/migrations"
+)
+
+// Migrate applies idem's pending migrations to the database db is connected
+// to, recording them in [migrations.VersionTable]. It does nothing when the
+// schema is up to date, so it is safe to call at every start-up.
+//
+// Concurrent calls, from one process or many, are serialised by the server
+// lock GET_LOCK('idem_migrate') held on the connection that runs the
+// migrations (goose has no session locker for MySQL). The lock name is
+// server-wide, so migrations of different databases on one server take
+// turns too. A call waits for the lock up to 5 minutes, or until ctx ends;
+// the lock is released when the migrations end or their connection closes.
+//
+// Errors from goose are returned unchanged, so a *goose.PartialError stays
+// reachable with errors.As. MySQL commits each DDL statement implicitly;
+// idem's migration files hold one statement each for that reason.
+func Migrate(ctx context.Context, db *sql.DB) error {
+	p, err := migrations.NewProvider(migrations.MySQL, db, goose.WithSessionLocker(migrateLocker{}))
+	if err != nil {
+		return err
+	}
+	_, err = p.Up(ctx)
+	return err
+}
+
+// migrateLocker is a goose SessionLocker over GET_LOCK. goose calls both
+// methods on the connection it runs the migrations on.
+type migrateLocker struct{}
+
+const (
+	migrateLockName    = "idem_migrate"
+	migrateLockSeconds = 300
+)
+
+func (migrateLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
+	// GET_LOCK returns 1 when granted, 0 on timeout, NULL on error.
+	var granted sql.NullInt64
+	if err := conn.QueryRowContext(ctx, getMigrateLock, migrateLockName, migrateLockSeconds).Scan(&granted); err != nil {
+		return fmt.Errorf("idem: mysql: take migration lock %s: %w", migrateLockName, interpretError(err))
+	}
+	if granted.Int64 != 1 {
+		return fmt.Errorf("idem: mysql: migration lock %s not granted within %ds", migrateLockName, migrateLockSeconds)
+	}
+	return nil
+}
+
+func (migrateLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
+	// RELEASE_LOCK returns 1 when released, 0 or NULL when this session did
+	// not hold it; either way the session holds no lock afterwards.
+	var released sql.NullInt64
+	if err := conn.QueryRowContext(ctx, releaseMigrateLock, migrateLockName).Scan(&released); err != nil {
+		return fmt.Errorf("idem: mysql: release migration lock %s: %w", migrateLockName, interpretError(err))
+	}
+	return nil
+}
