@@ -51,7 +51,7 @@ bench: ## Run the benchmarks (no tests)
 .PHONY: demo
 demo: ## Run the orders demo on embedded SQLite (examples/orders)
 	@if [ -d examples/orders ]; then \
-		$(GO) run ./examples/orders; \
+		$(GO) run ./examples/orders -demo; \
 	else \
 		echo "examples/orders does not exist yet: there is no demo to run."; \
 		echo "The runnable examples are in example_test.go: go test -run Example -v ."; \

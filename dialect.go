@@ -70,8 +70,10 @@ type Executor interface {
 	Claim(ctx context.Context, p *ClaimParams) (*ClaimResult, error)
 
 	// Takeover replaces the record for (Scope, Key) with a new processing
-	// record, but only while the record still carries Token. It returns
-	// [ErrFenced] when no record with that token exists.
+	// record, but only while the record still carries Token and meets
+	// Condition (evaluated against the record's newest committed version).
+	// It returns [ErrFenced] when no such record exists. A wait for another
+	// transaction holding the record is bounded by WaitTimeout, as in Claim.
 	Takeover(ctx context.Context, p *TakeoverParams) error
 
 	// Get returns the record for (Scope, Key) with a non-locking read. It
@@ -84,8 +86,30 @@ type Executor interface {
 	Complete(ctx context.Context, p *CompleteParams) error
 
 	// Release deletes the record, only while it is processing and carries
-	// Token; otherwise it returns [ErrFenced] and changes nothing.
+	// Token (and, with OnlyIfLeaseExpired, its lease has run out); otherwise
+	// it returns [ErrFenced] and changes nothing.
 	Release(ctx context.Context, p *ReleaseParams) error
+
+	// RenewLease sets LeaseExpiresAt = now + Duration, the token to NewToken
+	// (equal to Token for a plain renewal) and ExpiresAt to the later of
+	// itself and the new LeaseExpiresAt (a processing record never passes
+	// its retention deadline while its lease is live), only while the
+	// record is processing and carries Token (and, with OnlyIfExpired, its
+	// lease has run out); otherwise it returns [ErrFenced] and changes
+	// nothing. It returns the new LeaseExpiresAt. A wait for another
+	// transaction holding the record is bounded by WaitTimeout, as in Claim.
+	RenewLease(ctx context.Context, p *RenewLeaseParams) (time.Time, error)
+
+	// ListStaleLeases returns up to Limit processing records whose lease has
+	// run out (LeaseExpiresAt <= now) and whose retention has not
+	// (ExpiresAt > now), oldest lease first, with a non-locking read, and
+	// the time it used as now.
+	ListStaleLeases(ctx context.Context, p *ListStaleLeasesParams) ([]*Record, time.Time, error)
+
+	// DeleteExpired deletes up to Limit records whose ExpiresAt <= now, in
+	// one statement that uses the expires_at index and locks no more rows
+	// than it deletes, and returns how many it deleted.
+	DeleteExpired(ctx context.Context, p *DeleteExpiredParams) (int, error)
 }
 
 // ClaimParams are the arguments of [Executor.Claim].
@@ -129,8 +153,29 @@ type TakeoverParams struct {
 	Attempt       int
 	LeaseDuration time.Duration
 	Retention     time.Duration
-	Now           *time.Time
+	// Condition says what else must hold for the takeover to happen.
+	Condition TakeoverCondition
+	// WaitTimeout bounds a wait on another transaction holding the record.
+	WaitTimeout time.Duration
+	Now         *time.Time
 }
+
+// TakeoverCondition is what, besides the token, a takeover requires of the
+// record, so that a holder that just completed or renewed (which keeps its
+// token) is never overwritten.
+type TakeoverCondition int
+
+// Takeover conditions.
+const (
+	// TakeoverRetentionExpired requires ExpiresAt <= now.
+	TakeoverRetentionExpired TakeoverCondition = iota + 1
+	// TakeoverLeaseExpired requires a processing record whose
+	// LeaseExpiresAt <= now.
+	TakeoverLeaseExpired
+	// TakeoverReserved requires nothing more: the caller reserved the
+	// record with a token of its own through RenewLease.
+	TakeoverReserved
+)
 
 // GetParams are the arguments of [Executor.Get].
 type GetParams struct {
@@ -156,4 +201,37 @@ type ReleaseParams struct {
 	Scope string
 	Key   string
 	Token int64
+	// OnlyIfLeaseExpired also requires LeaseExpiresAt <= now.
+	OnlyIfLeaseExpired bool
+	Now                *time.Time
+}
+
+// RenewLeaseParams are the arguments of [Executor.RenewLease].
+type RenewLeaseParams struct {
+	Scope string
+	Key   string
+	// Token is the token the record must still carry.
+	Token int64
+	// NewToken replaces it; equal to Token for a plain renewal.
+	NewToken int64
+	// Duration sets LeaseExpiresAt = now + Duration.
+	Duration time.Duration
+	// OnlyIfExpired also requires LeaseExpiresAt <= now: the caller is
+	// reserving a stale record, not renewing its own lease.
+	OnlyIfExpired bool
+	// WaitTimeout bounds a wait on another transaction holding the record.
+	WaitTimeout time.Duration
+	Now         *time.Time
+}
+
+// ListStaleLeasesParams are the arguments of [Executor.ListStaleLeases].
+type ListStaleLeasesParams struct {
+	Limit int
+	Now   *time.Time
+}
+
+// DeleteExpiredParams are the arguments of [Executor.DeleteExpired].
+type DeleteExpiredParams struct {
+	Limit int
+	Now   *time.Time
 }

@@ -47,12 +47,27 @@
 //
 // # Leases and fencing
 //
-// Every record carries a fencing token, replaced whenever the key gets a new
-// holder, and a lease. [Store.Complete], [Store.Fail] and [Store.Release] only
-// act while the record still carries the caller's token; a holder that lost
-// the key gets [ErrFenced] and changes nothing. Work with outside side
-// effects (a payment provider call) uses the pool-level [Store.Claim], which
-// commits the processing record before the work starts.
+// Work with outside side effects (a payment provider call) cannot roll back
+// with a transaction, so its claim must commit first. [Store.Acquire] commits
+// a processing record with a lease and returns a [Lease]; the work runs,
+// [Lease.KeepAlive] renews the lease meanwhile, and [Lease.CompleteTx] stores
+// the response inside the business transaction. Every record carries a
+// fencing token, replaced whenever the key gets a new holder: completion,
+// renewal and release act only while the record still carries the caller's
+// token, so a holder that lost the key gets [ErrFenced] and changes nothing.
+//
+// A holder that dies leaves its processing record behind. Once its lease
+// runs out, the next claim of the key (or the reaper) asks the application
+// through Config.StatusCheck whether the effect committed, and finalises the
+// record with the recovered response, hands the key over to the retry, or
+// leaves it in progress when the answer is unknown. See [StatusCheck].
+//
+// # The reaper
+//
+// A [Reaper] deletes records past their retention deadline in small batches
+// and resolves stale leases: run [Reaper.Run] in a goroutine of the service,
+// or [Reaper.RunOnce] from a cron job. Several instances may run reapers
+// against one database.
 //
 // # Time
 //

@@ -64,9 +64,14 @@ type InProgressError struct {
 	// when the holder's transaction has not committed. Never negative.
 	RetryAfter time.Duration
 	// TxAborted is true when the database aborted the caller's transaction
-	// while waiting (PostgreSQL, where a lock timeout aborts the transaction).
-	// The caller must roll the transaction back.
+	// while waiting (PostgreSQL, where a lock timeout aborts the transaction;
+	// MySQL with innodb_rollback_on_timeout=ON).
+	// The caller must roll the transaction back. Never set by [Store.Do],
+	// which rolls back its own transaction.
 	TxAborted bool
+	// Cause is the driver's error that ended the wait (a lock timeout), if
+	// any; it is reachable through errors.As.
+	Cause error
 }
 
 // Error implements error.
@@ -80,3 +85,6 @@ func (e *InProgressError) Error() string {
 
 // Is reports whether target is ErrInProgress.
 func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// Unwrap returns Cause.
+func (e *InProgressError) Unwrap() error { return e.Cause }

@@ -8,6 +8,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/idemstore/idem"
 	idemsqlite "github.com/idemstore/idem/sqlite"
@@ -168,4 +169,126 @@ func ExampleStore_Claim() {
 	// acquired: true
 	// duplicate: in progress, retry within true
 	// retry replays: {"charged": 500}
+}
+
+// ExampleStore_Acquire shows leased processing for work with an outside
+// side effect: the claim commits before the payment provider is called, the
+// completion is fenced by the lease's token, and a status check settles a
+// holder that crashed between the charge and the completion.
+func ExampleStore_Acquire() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+
+	// A fake payment provider that, like real ones, remembers charges by
+	// idempotency key.
+	charges := map[string]int{}
+	charge := func(key string, cents int) { charges[key] = cents }
+
+	// The status check answers from the provider's records, never from time.
+	check := func(ctx context.Context, rec idem.Record) (idem.Verdict, error) {
+		cents, ok := charges[rec.Key]
+		if !ok {
+			return idem.NotCommitted(), nil
+		}
+		return idem.Committed(&idem.Response{StatusCode: 200, Body: fmt.Appendf(nil, `{"charged": %d}`, cents)}), nil
+	}
+	clock := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC) // a pinned clock, to skip the wait
+	store, err := idem.New(idemsqlite.New(db), &idem.Config{
+		LeaseDuration: 30 * time.Second,
+		StatusCheck:   check,
+		Now:           func() time.Time { return clock },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fp := idem.NewFingerprint([]byte(`{"charge": 500}`))
+
+	// First attempt: acquire, charge, and crash before completing.
+	lease, err := store.Acquire(ctx, "tenant-42/charge", "key-9d00e1", fp)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("attempt", lease.Attempt(), "acquired:", lease.Acquired())
+	charge("key-9d00e1", 500)
+
+	// The client retries after the lease ran out: the check finds the charge.
+	clock = clock.Add(time.Minute)
+	retry, err := store.Acquire(ctx, "tenant-42/charge", "key-9d00e1", fp)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("retry acquired:", retry.Acquired(), "replay:", string(retry.Replay.Response.Body))
+
+	// The crashed holder wakes up: its completion is fenced.
+	err = lease.Complete(ctx, &idem.Response{StatusCode: 200})
+	fmt.Println("late completion fenced:", errors.Is(err, idem.ErrFenced))
+
+	// A normal leased request: acquire, keep the lease alive, call out,
+	// complete inside the business transaction.
+	next, err := store.Acquire(ctx, "tenant-42/charge", "key-51c7aa", fp)
+	if err != nil {
+		log.Fatal(err)
+	}
+	workCtx, stop := next.KeepAlive(ctx)
+	_ = workCtx // pass it to the provider call, which stops if the lease is lost
+	charge("key-51c7aa", 500)
+	if err := stop(); err != nil {
+		log.Fatal(err) // the lease was lost: do not complete
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := next.CompleteTx(ctx, tx, &idem.Response{StatusCode: 200, Body: []byte(`{"charged": 500}`)}); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("charges:", len(charges))
+	// Output:
+	// attempt 1 acquired: true
+	// retry acquired: false replay: {"charged": 500}
+	// late completion fenced: true
+	// charges: 2
+}
+
+// ExampleReaper runs the reaper for one pass, as a cron job would; a
+// service runs reaper.Run(ctx) in a goroutine instead.
+func ExampleReaper() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	clock := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	store, err := idem.New(idemsqlite.New(db), &idem.Config{
+		Retention: time.Hour,
+		Now:       func() time.Time { return clock },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, key := range []string{"key-a1", "key-b2", "key-c3"} {
+		_, err := store.Do(ctx, "tenant-42/create-order", key, idem.NewFingerprint([]byte(key)),
+			func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+				return &idem.Response{StatusCode: 201}, nil
+			})
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+	clock = clock.Add(2 * time.Hour) // past retention
+
+	reaper, err := idem.NewReaper(store, &idem.ReaperConfig{BatchSize: 2})
+	if err != nil {
+		log.Fatal(err)
+	}
+	report, err := reaper.RunOnce(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("deleted %d expired records\n", report.Deleted)
+	// Output:
+	// deleted 3 expired records
 }

@@ -59,6 +59,33 @@ type Config struct {
 	// to nil, which uses the database's clock, the one clock all instances
 	// share.
 	Now func() time.Time
+
+	// StatusCheck asks the application whether the business effect of a
+	// processing record whose lease ran out actually committed (a crashed
+	// holder). A claim that meets such a record, and the [Reaper], call it
+	// and act on the [Verdict]: committed finalises the record with the
+	// verdict's response, which is replayed; not committed hands the key to
+	// the next claimer; unknown (also any error or panic of the check) keeps
+	// the record processing and pushes its lease out. Only one caller at a
+	// time runs the check for a record: it first takes the record over with
+	// a new fencing token, which also fences the old holder out.
+	//
+	// Defaults to nil: an expired lease then stays in progress until its
+	// retention deadline, unless BlindTakeover is set.
+	StatusCheck StatusCheck
+
+	// StatusCheckTimeout bounds one call of StatusCheck; a check that runs
+	// out counts as unknown. Defaults to 10s.
+	StatusCheckTimeout time.Duration
+
+	// BlindTakeover hands a key whose lease ran out to the next claimer
+	// without asking anyone. Only safe when the business effect is itself
+	// idempotent or cannot have happened without the record completing
+	// (claims inside the business transaction): with an outside side effect
+	// such as a payment, a holder that crashed after the charge but before
+	// completing gets charged twice. Must not be combined with StatusCheck.
+	// Defaults to false.
+	BlindTakeover bool
 }
 
 const (
@@ -66,6 +93,7 @@ const (
 	defaultRetention     = 24 * time.Hour
 	defaultWaitTimeout   = 5 * time.Second
 	defaultMaxTxRetries  = 3
+	defaultCheckTimeout  = 10 * time.Second
 
 	// maxClaimRounds bounds how often a claim starts over when the record
 	// it found changed under it (deleted by the reaper, taken over by a
@@ -92,6 +120,9 @@ func (c *Config) withDefaults() Config {
 	} else if out.MaxTxRetries < 0 {
 		out.MaxTxRetries = 0
 	}
+	if out.StatusCheckTimeout == 0 {
+		out.StatusCheckTimeout = defaultCheckTimeout
+	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -108,6 +139,10 @@ func (c *Config) validate() error {
 		return errors.New("idem: Config.WaitTimeout must not be negative")
 	case c.Retention < c.LeaseDuration:
 		return errors.New("idem: Config.Retention must not be shorter than Config.LeaseDuration")
+	case c.StatusCheckTimeout < 0:
+		return errors.New("idem: Config.StatusCheckTimeout must not be negative")
+	case c.StatusCheck != nil && c.BlindTakeover:
+		return errors.New("idem: Config.BlindTakeover and Config.StatusCheck exclude each other")
 	}
 	return nil
 }
@@ -152,6 +187,9 @@ type Claim struct {
 	Token int64
 	// Attempt counts holders of this key.
 	Attempt int
+	// LeaseExpiresAt is when other claimers may presume this holder gone;
+	// for a takeover it is estimated (early) from the database clock.
+	LeaseExpiresAt time.Time
 	// Replay is the completed record when the key was used before with the
 	// same fingerprint. The caller must answer with Replay.Response and must
 	// not run the business effect again.
@@ -169,7 +207,31 @@ type Result struct {
 	// Replayed is true when Response was stored by an earlier request and
 	// the callback did not run.
 	Replayed bool
+	// Status is the stored record's status: StatusSucceeded, or
+	// StatusFailed for a failure stored as final (see [FinalFailure]).
+	Status Status
 }
+
+// FinalFailureError carries a response that [Store.Do] stores as a final
+// failure; build it with [FinalFailure].
+type FinalFailureError struct {
+	Response *Response
+}
+
+// Error implements error.
+func (e *FinalFailureError) Error() string {
+	if e.Response == nil {
+		return "idem: final failure without a response"
+	}
+	return fmt.Sprintf("idem: final failure with status %d", e.Response.StatusCode)
+}
+
+// FinalFailure returns an error that tells [Store.Do] to store resp as a
+// final failure and commit the transaction, instead of rolling it back: for a
+// failure whose effects must stand (a declined payment recorded in the same
+// transaction), so that retries replay resp instead of running again. Do then
+// returns a nil error and a Result with Status StatusFailed.
+func FinalFailure(resp *Response) error { return &FinalFailureError{Response: resp} }
 
 // Claim claims key in scope for the request identified by fp, in an
 // autocommitted statement on the pool: the processing record is visible to
@@ -252,7 +314,7 @@ func (s *Store[TTx]) claim(ctx context.Context, exec Executor, scope, key string
 		rec := res.Record
 		if res.Created {
 			s.logOutcome(ctx, kd, "acquired")
-			return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt}, nil
+			return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt}, nil
 		}
 		if !rec.ExpiresAt.After(res.Now) {
 			// Past retention the old intent is forgotten: claim the key
@@ -267,16 +329,23 @@ func (s *Store[TTx]) claim(ctx context.Context, exec Executor, scope, key string
 				Attempt:       1,
 				LeaseDuration: s.cfg.LeaseDuration,
 				Retention:     s.cfg.Retention,
+				Condition:     TakeoverRetentionExpired,
+				WaitTimeout:   s.cfg.WaitTimeout,
 				Now:           s.now(),
 			})
 			if errors.Is(err, ErrFenced) {
-				continue // another claimer took it over first
+				continue // another claimer took it over, or the holder completed, first
+			}
+			if inProgress, ok := errors.AsType[*InProgressError](err); ok {
+				out := *inProgress
+				out.KeyDigest = kd
+				return nil, &out
 			}
 			if err != nil {
 				return nil, fmt.Errorf("idem: claim expired key %s: %w", kd, err)
 			}
 			s.logOutcome(ctx, kd, "acquired_expired")
-			return &Claim{Scope: scope, Key: key, Token: newTok, Attempt: 1}, nil
+			return &Claim{Scope: scope, Key: key, Token: newTok, Attempt: 1, LeaseExpiresAt: res.Now.Add(s.cfg.LeaseDuration)}, nil
 		}
 		if !rec.Fingerprint.Equal(fp) {
 			s.logOutcome(ctx, kd, "fingerprint_mismatch")
@@ -286,8 +355,20 @@ func (s *Store[TTx]) claim(ctx context.Context, exec Executor, scope, key string
 			s.logOutcome(ctx, kd, "replay")
 			return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, nil
 		}
-		s.logOutcome(ctx, kd, "in_progress")
-		return nil, &InProgressError{KeyDigest: kd, RetryAfter: max(rec.LeaseExpiresAt.Sub(res.Now), 0)}
+		if rec.LeaseExpiresAt.After(res.Now) {
+			s.logOutcome(ctx, kd, "in_progress")
+			return nil, &InProgressError{KeyDigest: kd, RetryAfter: rec.LeaseExpiresAt.Sub(res.Now)}
+		}
+		c, err := s.claimStale(ctx, exec, rec, res.Now, kd)
+		if errors.Is(err, ErrFenced) {
+			continue // another claimer, a reaper or a renewal got to the record first
+		}
+		if inProgress, ok := errors.AsType[*InProgressError](err); ok && inProgress.KeyDigest == "" {
+			out := *inProgress
+			out.KeyDigest = kd
+			return nil, &out
+		}
+		return c, err
 	}
 	return nil, fmt.Errorf("idem: claim key %s: the record kept changing under concurrent writers: %w", kd, ErrRetryable)
 }
@@ -409,7 +490,9 @@ func (s *Store[TTx]) get(ctx context.Context, exec Executor, scope, key string) 
 // outside side effects must use [Store.Claim] and [Store.Complete] instead.
 //
 // If fn returns an error or panics, the transaction rolls back, nothing is
-// stored, the key is free again, and the error (or panic) reaches the caller.
+// stored, the key is free again, and the error (or panic) reaches the caller,
+// except for an error made by [FinalFailure], whose response is stored as a
+// final failure and committed.
 // An error from fn that matches [ErrRetryable] is retried like idem's own.
 // Other errors are those of [Store.Claim].
 func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
@@ -445,27 +528,37 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 		}
 	}()
 	c, err := s.ClaimTx(ctx, tx, scope, key, fp)
+	if inProgress, ok := errors.AsType[*InProgressError](err); ok && inProgress.TxAborted {
+		// Do rolls its own transaction back: nothing is left for the caller to do.
+		out := *inProgress
+		out.TxAborted = false
+		return nil, &out
+	}
 	if err != nil {
 		return nil, err
 	}
 	if !c.Acquired() {
-		return &Result{Response: c.Replay.Response, Replayed: true}, nil
+		return &Result{Response: c.Replay.Response, Replayed: true, Status: c.Replay.Status}, nil
 	}
 	resp, err := fn(ctx, tx)
+	status := StatusSucceeded
+	if final, ok := errors.AsType[*FinalFailureError](err); ok {
+		resp, err, status = final.Response, nil, StatusFailed
+	}
 	if err != nil {
 		return nil, err
 	}
 	if resp == nil {
 		return nil, errors.New("idem: Do callback returned a nil response and no error")
 	}
-	if err := s.CompleteTx(ctx, tx, c, resp); err != nil {
+	if err := s.complete(ctx, s.dialect.Tx(tx), c, status, resp); err != nil {
 		return nil, err
 	}
 	done = true
 	if err := s.dialect.Commit(ctx, tx); err != nil {
 		return nil, fmt.Errorf("idem: commit key %s: %w", digest.Key(scope, key), err)
 	}
-	return &Result{Response: resp}, nil
+	return &Result{Response: resp, Status: status}, nil
 }
 
 func (s *Store[TTx]) now() *time.Time {

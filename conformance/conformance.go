@@ -48,6 +48,10 @@ type Namespace[TTx any] struct {
 	CountOrders func(ctx context.Context, ref string) (int, error)
 	// CountRecords counts committed rows in idempotency_keys.
 	CountRecords func(ctx context.Context) (int, error)
+	// SeedExpired bulk-inserts n succeeded records in scope "seed" (keys
+	// "seed-0" ... "seed-<n-1>") whose retention deadline is expiresAt, in
+	// few statements, so reaper cases can start from a large table.
+	SeedExpired func(ctx context.Context, n int, expiresAt time.Time) error
 	// Close closes the namespace's connection pool. Afterwards every store
 	// operation on Dialect must fail with idem.ErrStoreUnavailable.
 	Close func()
@@ -107,6 +111,9 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, waitCases[TTx]()...)
 	all = append(all, retentionCases[TTx]()...)
 	all = append(all, concurrencyCases[TTx]()...)
+	all = append(all, leaseCases[TTx]()...)
+	all = append(all, reaperCases[TTx]()...)
+	all = append(all, raceCases[TTx]()...)
 	all = append(all, errorCases[TTx]()...)
 	return all
 }

@@ -20,6 +20,7 @@ func txCases[TTx any]() []testCase[TTx] {
 		{name: "TxGetSeesOwnClaim", run: testTxGetSeesOwnClaim[TTx]},
 		{name: "DoCallbackErrorRollsBack", run: testDoCallbackErrorRollsBack[TTx]},
 		{name: "DoCallbackPanicRollsBack", run: testDoCallbackPanicRollsBack[TTx]},
+		{name: "DoFinalFailureIsStoredAndCommitted", run: testDoFinalFailureIsStoredAndCommitted[TTx]},
 		{name: "FailTxAndReleaseTxJoinTheTransaction", run: testFailTxAndReleaseTxJoinTheTransaction[TTx]},
 	}
 }
@@ -227,5 +228,43 @@ func testFailTxAndReleaseTxJoinTheTransaction[TTx any](t *testing.T, h Harness[T
 	require.NoError(t, b.store.ReleaseTx(ctx, tx, held))
 	require.NoError(t, b.ns.Dialect.Commit(ctx, tx))
 	_, err = b.store.Get(ctx, "t1/pay", rkey)
+	require.ErrorIs(t, err, idem.ErrNotFound)
+}
+
+// testDoFinalFailureIsStoredAndCommitted: a callback that reports a final
+// failure commits its writes and the failed response, which retries replay.
+func testDoFinalFailureIsStoredAndCommitted[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := setup(t, h, nil)
+	key := newKey("final")
+	declined := &idem.Response{StatusCode: 402, Body: []byte(`{"code":"card_declined"}`)}
+	var calls counter
+	fn := func(ctx context.Context, tx TTx) (*idem.Response, error) {
+		calls.inc()
+		if err := b.ns.InsertOrder(ctx, tx, key); err != nil {
+			return nil, err
+		}
+		return nil, idem.FinalFailure(declined)
+	}
+	res, err := b.store.Do(ctx, "t1/pay", key, fp("x"), fn)
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, idem.StatusFailed, res.Status)
+	require.Equal(t, 1, b.orders(ctx, t, key), "a final failure commits the transaction's writes")
+
+	again, err := b.store.Do(ctx, "t1/pay", key, fp("x"), fn)
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	require.Equal(t, idem.StatusFailed, again.Status)
+	require.Equal(t, 402, again.Response.StatusCode)
+	require.Equal(t, declined.Body, again.Response.Body)
+	require.Equal(t, 1, calls.get())
+
+	// A final failure without a response is a bug: nothing is stored.
+	k2 := newKey("final-nil")
+	_, err = b.store.Do(ctx, "t1/pay", k2, fp("x"), func(ctx context.Context, tx TTx) (*idem.Response, error) {
+		return nil, idem.FinalFailure(nil)
+	})
+	require.Error(t, err)
+	_, err = b.store.Get(ctx, "t1/pay", k2)
 	require.ErrorIs(t, err, idem.ErrNotFound)
 }

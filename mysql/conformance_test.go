@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"flag"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
@@ -53,6 +54,7 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 		InsertOrder:  ns.insertOrder,
 		CountOrders:  ns.countOrders,
 		CountRecords: ns.countRecords,
+		SeedExpired:  ns.seedExpired,
 		Close:        func() { _ = ns.db.Close() },
 	}
 }
@@ -210,6 +212,36 @@ func openDB(t *testing.T, cfg *gomysql.Config) *sql.DB {
 	db := sql.OpenDB(conn)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
+}
+
+// seedExpired inserts succeeded records "seed"/"seed-0" ... "seed-<?-1>",
+// at most a million, completed an hour before their retention deadline, in
+// one statement: the numbers are the digits 0-9 cross-joined six times (no
+// recursive CTE, which MySQL stops after cte_max_recursion_depth, 1000 by
+// default, and no sequence table, which only MariaDB has).
+//
+// Arguments: completion time, retention deadline, n.
+const seedExpired = `INSERT INTO idempotency_keys (
+	scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
+	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at)
+WITH d (n) AS (
+	SELECT 0 UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4
+	UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)
+SELECT 'seed', CONCAT('seed-', s.i), UNHEX(REPEAT('00', 32)), 2, 1, 1, t.done,
+	200, NULL, '', t.done, t.done, t.done, t.expires
+FROM (
+	SELECT d0.n + 10 * d1.n + 100 * d2.n + 1000 * d3.n + 10000 * d4.n + 100000 * d5.n AS i
+	FROM d AS d0, d AS d1, d AS d2, d AS d3, d AS d4, d AS d5
+) AS s, (SELECT CAST(? AS DATETIME(6)) AS done, CAST(? AS DATETIME(6)) AS expires) AS t
+WHERE s.i < ?`
+
+func (n *namespace) seedExpired(ctx context.Context, count int, expiresAt time.Time) error {
+	if count > 1_000_000 {
+		return fmt.Errorf("seedExpired: %d records, at most 1000000", count)
+	}
+	expires := expiresAt.UTC().Truncate(time.Microsecond)
+	_, err := n.db.ExecContext(ctx, seedExpired, expires.Add(-time.Hour), expires, count)
+	return err
 }
 
 func (n *namespace) insertOrder(ctx context.Context, tx *sql.Tx, ref string) error {

@@ -26,8 +26,8 @@
 // first claim checks both and fails with a configuration error (not
 // [idem.ErrStoreUnavailable]) before writing anything. interpolateParams=true
 // is recommended: it saves the prepare round trip of every statement, and all
-// of idem's statements work either way. Keep clientFoundRows at its default
-// (false), on which the claim's insert-or-not answer relies.
+// of idem's statements work either way. clientFoundRows may have either
+// value.
 //
 //	root@tcp(127.0.0.1:3306)/app?parseTime=true&interpolateParams=true
 //
@@ -44,53 +44,122 @@
 // # Claiming
 //
 // MySQL has no RETURNING (MariaDB 10.5+ has it for INSERT and DELETE), so,
-// to keep one code path for both servers, a claim is two statements. First INSERT ... ON DUPLICATE KEY UPDATE with a no-op
-// assignment: RowsAffected is 1 when it inserted and 0 when the key existed
-// (with clientFoundRows=false, an update that changes nothing counts no
-// rows). INSERT IGNORE is not used: it also turns errors other than
-// duplicates into warnings. On an existing row the no-op update takes an
-// exclusive lock until the transaction ends, which serialises claimers of
-// that key. Then a SELECT ... FOR UPDATE reads the record. It is a locking
-// read because, under REPEATABLE READ (InnoDB's default, which works fine),
-// a plain SELECT reads the transaction's snapshot, which can predate the
-// commit of the claim the INSERT waited for.
+// to keep one code path for both servers, a claim is two statements. First a
+// plain INSERT of the processing record. When the key exists it fails with
+// a duplicate key error (1062), which the claim recognises by number and
+// absorbs (its message, which quotes the key, never leaves the package);
+// InnoDB rolls back that statement only, and the transaction goes on. Then a
+// SELECT ... LOCK IN SHARE MODE reads the record. It is a locking read
+// because, under REPEATABLE READ (InnoDB's default, which works fine), a
+// plain SELECT reads the transaction's snapshot, which can predate the
+// commit of the claim the INSERT waited for. Neither INSERT IGNORE, which
+// also turns errors other than duplicates into warnings, nor INSERT ... ON
+// DUPLICATE KEY UPDATE, which would lock the existing record exclusively.
+//
+// A transaction that claimed a key holds a lock on its record until it
+// ends, whether it acquired the key or not: an exclusive one on the record
+// it inserted, a shared one on a record it found (taken by the duplicate
+// check and the read). Shared locks let any number of transactions replay
+// the same completed key side by side, but they hold up writes to the
+// record: end a transaction promptly after a claim that did not acquire
+// ([idem.Store.Do] does), or the holder's own completion, renewal or
+// release of a leased key, and takeovers, wait for it.
 //
 // An INSERT that meets another transaction's uncommitted claim of the same
 // key waits for it: if that transaction commits, the claim replays or
 // reports the mismatch; if it rolls back, the claim inserts. The wait is
 // bounded by innodb_lock_wait_timeout set to Config.WaitTimeout rounded up
-// to whole seconds (the variable counts seconds, at least 1). On MariaDB each
-// claim statement carries SET STATEMENT innodb_lock_wait_timeout=N FOR, with
-// no extra round trip. MySQL has no SET STATEMENT: there the session value is
-// saved, set for the claim and restored, on the caller's transaction or on a
-// connection taken from the pool for the claim. The server is identified once
-// per [Dialect] by VERSION(). A context deadline is not used for the wait,
-// because the driver closes the connection when a context ends, which would
-// destroy the caller's transaction.
+// to whole seconds (the variable counts seconds, at least 1); so is the wait
+// of a takeover or a lease renewal for a transaction that holds the record.
+// On MariaDB each such statement carries SET STATEMENT
+// innodb_lock_wait_timeout=N FOR, with no extra round trip. MySQL has no SET
+// STATEMENT: there the session value is saved, set and restored, on the
+// caller's transaction or on a connection taken from the pool for the
+// purpose; a restore that fails within 5 seconds gets that pool connection
+// discarded. The server is identified once per [Dialect] by VERSION().
 //
-// When the wait runs out (error 1205), the claim returns an
-// *idem.InProgressError whose RetryAfter is Config.WaitTimeout. InnoDB rolls
-// back only the timed-out statement, so the caller's transaction stays
-// usable and TxAborted is false, unless the server runs with
-// innodb_rollback_on_timeout=ON, which rolls back the whole transaction:
-// the dialect reads that setting and then reports TxAborted.
+// A context deadline is not used for the wait, because the driver closes the
+// connection when a context ends, which would destroy the caller's
+// transaction. Closing the connection does not stop the statement on the
+// server, which goes on waiting and then runs to its end, then rolls back
+// with the transaction when it sees the connection gone. On the pool, where
+// each statement would commit on its own, the claim, the takeover and the
+// lease renewal therefore run in a short transaction of their own (two more
+// round trips), so that one whose context ends while it waits leaves
+// nothing behind.
+//
+// When the wait runs out (error 1205), the call returns an
+// *idem.InProgressError whose RetryAfter is Config.WaitTimeout and whose
+// Cause is the driver's error. InnoDB rolls back only the timed-out
+// statement, so the caller's transaction stays usable and TxAborted is
+// false, unless the server runs with innodb_rollback_on_timeout=ON, which
+// rolls back the whole transaction: the dialect reads that setting and then
+// reports TxAborted.
+//
+// A takeover evaluates its condition (retention or lease run out) on the
+// newest committed version of the record, after any wait, never on the
+// caller's snapshot, as an UPDATE does in InnoDB: a holder that completed
+// or renewed a moment earlier keeps its record.
 //
 // # Deadlocks and other conflicts
 //
 // When several transactions wait for the same uncommitted claim and its
-// holder rolls back, InnoDB may pick one of the waiters as a deadlock victim
-// (error 1213) and roll back its whole transaction; so may any other
-// deadlock. Those, and lock wait timeouts outside the claim's own wait
-// (1205), are returned as [idem.ErrRetryable]: roll the transaction back and
-// run it again, as [idem.Store.Do] does by itself. Do not keep using a
-// transaction after 1213: the server has ended it, and further statements on
-// its connection would run outside any transaction.
+// holder rolls back, each of them holds a shared lock on the key and needs an
+// exclusive one to insert: InnoDB lets one insert and rolls the others back
+// as deadlock victims (error 1213), usually all of them (seen on MariaDB
+// 10.11). Likewise when two transactions that found the same expired record
+// both try to take it over. Those, any other deadlock, and lock wait
+// timeouts outside the bounded waits above (1205) are returned as
+// [idem.ErrRetryable]: roll the transaction back and run it again, as
+// [idem.Store.Do] does by itself ([idem.Store.Claim] on the pool retries
+// too). Do not keep using a transaction after 1213: the server has ended
+// it, and further statements on its connection would run outside any
+// transaction.
+//
+// MariaDB 11.6 and later default to innodb_snapshot_isolation=ON (10.6.18+
+// and 10.11.8+ have it, OFF). With it, a claim, takeover or renewal inside a
+// REPEATABLE READ transaction that has read before, and whose snapshot
+// predates a change to the record (such as the commit of the claim it waited
+// for), fails with error 1020 and the server rolls the transaction back:
+// that too is [idem.ErrRetryable]. Claiming first in the transaction, as
+// [idem.Store.Do] does, avoids it. Tested here by setting the variable in a
+// session on MariaDB 10.11 only.
 //
 // Errors from the server keep their *mysql.MySQLError reachable with
 // errors.As and are classified by number, never by message. Errors from the
 // client side of the connection (invalid connection, network errors, a
 // closed *sql.DB, an expired context deadline) are [idem.ErrStoreUnavailable];
 // a cancelled context is returned as such.
+//
+// # Leases and the reaper
+//
+// A renewal also moves the record's retention deadline to the new lease
+// expiry when that is later, so a record whose lease is kept alive is never
+// taken over or reaped as expired.
+//
+// Without RETURNING, a lease renewal cannot read back the expiry it wrote.
+// Unless Config.Now pins the clock, it reads the server's clock first,
+// passes that time to its UPDATE and computes the expiry from it with the
+// same microsecond arithmetic, so that the time it returns is the one stored:
+// one extra round trip per renewal. Listing stale leases reads the clock the
+// same way to return the time it compared with; the list itself is a
+// non-locking read of the (status, lease_expires_at) index range.
+//
+// The reaper deletes each batch of expired records with one statement: a
+// DELETE joined, by primary key, to a derived SELECT ... WHERE expires_at <=
+// now ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED (MySQL 8.0+, MariaDB
+// 10.6+). It locks the rows it deletes and skips, without waiting, those
+// that other transactions hold, such as an expired key that an uncommitted
+// claim is taking over; the row is left for a later pass. A plain DELETE ...
+// ORDER BY expires_at LIMIT ? would wait for that claim's transaction, up to
+// innodb_lock_wait_timeout, while holding locks that stop other claims. Two
+// reapers share the expired rows instead of queueing behind each other.
+// When fewer rows than a batch are expired, InnoDB also locks the first live
+// row past them until the statement ends (skipping it too if it is held).
+// Statements that use LIMIT or SKIP LOCKED are unsafe for statement-based
+// replication: with binlog_format=STATEMENT the server logs a warning, while
+// MIXED and ROW log the deleted rows. Like everything else here, the
+// statement ran against MariaDB only.
 //
 // # Clock
 //

@@ -13,6 +13,7 @@ import (
 
 // Server error numbers, shared by MySQL and MariaDB.
 const (
+	erCheckRead       = 1020 // ER_CHECKREAD: record changed since the snapshot (MariaDB innodb_snapshot_isolation)
 	erConCount        = 1040 // ER_CON_COUNT_ERROR: too many connections
 	erServerShutdown  = 1053 // ER_SERVER_SHUTDOWN
 	erDupEntry        = 1062 // ER_DUP_ENTRY
@@ -21,8 +22,8 @@ const (
 )
 
 var (
-	// errUniqueViolation should never be seen: the claim absorbs duplicates
-	// with ON DUPLICATE KEY UPDATE.
+	// errUniqueViolation should never be seen: the claim absorbs its
+	// duplicate key errors, and no other statement writes a key.
 	errUniqueViolation = errors.New("idem: mysql: unique violation")
 
 	// errParseTime and errNotUTC report a DSN that idem cannot work with.
@@ -33,8 +34,10 @@ var (
 
 // interpretError classifies an error from the driver or database/sql:
 // server errors by number, everything else by where it came from. The
-// original error stays reachable with errors.Is and errors.As. Claim turns
-// its own lock wait timeout into an *idem.InProgressError before calling it.
+// original error stays reachable with errors.Is and errors.As (the text of
+// a duplicate key error is dropped: it quotes the key). A statement whose
+// lock wait is bounded (see executor.boundWait) turns its own lock wait
+// timeout into an *idem.InProgressError before calling it.
 func interpretError(err error) error {
 	if err == nil {
 		return nil
@@ -48,8 +51,11 @@ func interpretError(err error) error {
 	var myErr *gomysql.MySQLError
 	if errors.As(err, &myErr) {
 		switch myErr.Number {
-		case erLockDeadlock:
-			// InnoDB rolled back the whole transaction.
+		case erLockDeadlock, erCheckRead:
+			// InnoDB rolled back the whole transaction. 1020 is MariaDB's
+			// serialization failure with innodb_snapshot_isolation=ON (the
+			// default from 11.6): a locking read or write met a row
+			// changed after the transaction's snapshot.
 			return fmt.Errorf("%w: %w", idem.ErrRetryable, err)
 		case erLockWaitTimeout:
 			// Only the statement was rolled back (unless
@@ -59,7 +65,9 @@ func interpretError(err error) error {
 		case erConCount, erServerShutdown:
 			return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
 		case erDupEntry:
-			return fmt.Errorf("%w: %w", errUniqueViolation, err)
+			// The server's message quotes the duplicate key: keep the
+			// error reachable, not its text.
+			return &redactedError{msg: errUniqueViolation.Error(), errs: []error{errUniqueViolation, err}}
 		default:
 			return fmt.Errorf("idem: mysql: %w", err)
 		}
@@ -78,6 +86,23 @@ func interpretError(err error) error {
 		// context.DeadlineExceeded.
 		return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
 	}
+}
+
+// redactedError wraps errors without repeating their messages, for driver
+// errors whose text quotes keys or scopes.
+type redactedError struct {
+	msg  string
+	errs []error
+}
+
+func (e *redactedError) Error() string   { return e.msg }
+func (e *redactedError) Unwrap() []error { return e.errs }
+
+// isDupEntry reports whether err is the server's duplicate key error, by
+// number: its message quotes the key.
+func isDupEntry(err error) bool {
+	var myErr *gomysql.MySQLError
+	return errors.As(err, &myErr) && myErr.Number == erDupEntry
 }
 
 // isLockWaitTimeout reports whether err is the server's lock wait timeout.

@@ -34,12 +34,16 @@ func TestInterpretError(t *testing.T) {
 	conn, err := db.Conn(ctx) // temporary tables live on one connection
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	_, err = conn.ExecContext(ctx, "CREATE TEMPORARY TABLE idem_dup (id INT PRIMARY KEY)")
+	_, err = conn.ExecContext(ctx, "CREATE TEMPORARY TABLE idem_dup (k VARBINARY(64) PRIMARY KEY)")
 	require.NoError(t, err)
-	_, err = conn.ExecContext(ctx, "INSERT INTO idem_dup VALUES (1), (1)")
+	const secret = "raw-key-4711"
+	_, err = conn.ExecContext(ctx, "INSERT INTO idem_dup VALUES (?), (?)", secret, secret)
 	require.Error(t, err)
+	require.True(t, isDupEntry(err))
+	require.False(t, isDupEntry(interpretError(sql.ErrNoRows)))
 
 	dup := interpretError(err)
+	require.NotContains(t, dup.Error(), secret, "the server's message quotes the key")
 	require.ErrorIs(t, dup, errUniqueViolation)
 	require.NotErrorIs(t, dup, idem.ErrRetryable)
 	require.NotErrorIs(t, dup, idem.ErrStoreUnavailable)

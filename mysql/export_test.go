@@ -11,3 +11,9 @@ func NewSessionVariablePath(db *sql.DB) *Dialect {
 	d.server.Store(&serverInfo{mariaDB: false})
 	return d
 }
+
+// Statements whose plans the tests EXPLAIN.
+const (
+	ListStaleLeasesQuery = listStaleLeases
+	DeleteExpiredQuery   = deleteExpired
+)

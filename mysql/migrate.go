@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 
-	"github.com/pressly/goose/v3"
-
 	"github.com/idemstore/idem/migrations"
 )
 
@@ -15,26 +13,38 @@ import (
 // schema is up to date, so it is safe to call at every start-up.
 //
 // Concurrent calls, from one process or many, are serialised by the server
-// lock GET_LOCK('idem_migrate') held on the connection that runs the
-// migrations (goose has no session locker for MySQL). The lock name is
-// server-wide, so migrations of different databases on one server take
-// turns too. A call waits for the lock up to 5 minutes, or until ctx ends;
-// the lock is released when the migrations end or their connection closes.
+// lock GET_LOCK('idem_migrate'), held on a connection of its own for the
+// whole of goose's Up. goose's own session locker is not used for this: Up
+// first checks for pending migrations without taking it, and on MySQL, whose
+// DDL commits at once, a second caller could then see the version table
+// created but not yet filled ("missing zero version migration"). The lock
+// name is server-wide, so migrations of different databases on one server
+// take turns too. A call waits for the lock up to 5 minutes, or until ctx
+// ends; the lock is released when Up ends or the connection closes.
 //
 // Errors from goose are returned unchanged, so a *goose.PartialError stays
 // reachable with errors.As. MySQL commits each DDL statement implicitly;
 // idem's migration files hold one statement each for that reason.
 func Migrate(ctx context.Context, db *sql.DB) error {
-	p, err := migrations.NewProvider(migrations.MySQL, db, goose.WithSessionLocker(migrateLocker{}))
+	p, err := migrations.NewProvider(migrations.MySQL, db)
 	if err != nil {
 		return err
 	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("idem: mysql: migrate: %w", interpretError(err))
+	}
+	defer conn.Close()
+	var locker migrateLocker
+	if err := locker.SessionLock(ctx, conn); err != nil {
+		return err
+	}
+	defer func() { _ = locker.SessionUnlock(context.WithoutCancel(ctx), conn) }()
 	_, err = p.Up(ctx)
 	return err
 }
 
-// migrateLocker is a goose SessionLocker over GET_LOCK. goose calls both
-// methods on the connection it runs the migrations on.
+// migrateLocker takes and releases GET_LOCK on one connection.
 type migrateLocker struct{}
 
 const (

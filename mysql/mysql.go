@@ -21,14 +21,16 @@ import (
 type Dialect struct {
 	db   *sql.DB
 	pool *executor
-	// server is nil until the first Claim has read it; see serverInfo.
+	// server is nil until the first statement that bounds its lock wait
+	// has read it; see serverInfo.
 	server atomic.Pointer[serverInfo]
 }
 
-// serverInfo is what Claim must know about the server behind the pool.
+// serverInfo is what a bounded lock wait must know about the server behind
+// the pool.
 type serverInfo struct {
-	// mariaDB selects SET STATEMENT to bound the claim's lock wait; MySQL
-	// lacks it and gets a session variable set and restored around the claim.
+	// mariaDB selects SET STATEMENT to bound a statement's lock wait; MySQL
+	// lacks it and gets a session variable set and restored around it.
 	mariaDB bool
 	// rollbackOnTimeout mirrors innodb_rollback_on_timeout: when ON, a lock
 	// wait timeout rolls back the whole transaction, not just the statement.
@@ -37,10 +39,14 @@ type serverInfo struct {
 
 var _ idem.Dialect[*sql.Tx] = (*Dialect)(nil)
 
+// errNilTx is returned for a nil *sql.Tx instead of a nil-pointer panic.
+var errNilTx = errors.New("idem: mysql: nil *sql.Tx")
+
 // New returns a Dialect over db, which must be opened with the
 // github.com/go-sql-driver/mysql driver and a DSN with parseTime=true and
 // the default loc (UTC); see the package documentation. New does not touch
-// the database: the server's flavour is read by the first Claim.
+// the database: the server's flavour is read by the first claim, takeover
+// or lease renewal.
 func New(db *sql.DB) *Dialect {
 	d := &Dialect{db: db}
 	d.pool = &executor{d: d, h: db, db: db}
@@ -55,8 +61,14 @@ func (d *Dialect) Name() string { return "mysql" }
 func (d *Dialect) DB() idem.Executor { return d.pool }
 
 // Tx returns an Executor that runs inside tx. It never commits or rolls back
-// tx. As with any *sql.Tx, it must not be used by two goroutines at once.
-func (d *Dialect) Tx(tx *sql.Tx) idem.Executor { return &executor{d: d, h: tx} }
+// tx. As with any *sql.Tx, it must not be used by two goroutines at once. For
+// a nil tx, every method of the Executor fails.
+func (d *Dialect) Tx(tx *sql.Tx) idem.Executor {
+	if tx == nil {
+		return failedExecutor{err: errNilTx}
+	}
+	return &executor{d: d, h: tx}
+}
 
 // Begin starts a transaction at the pool's default isolation level
 // (REPEATABLE READ unless configured otherwise). The transaction is rolled
@@ -71,21 +83,27 @@ func (d *Dialect) Begin(ctx context.Context) (*sql.Tx, error) {
 
 // Commit commits tx; its error is classified like an Executor's.
 func (d *Dialect) Commit(_ context.Context, tx *sql.Tx) error {
+	if tx == nil {
+		return errNilTx
+	}
 	return interpretError(tx.Commit())
 }
 
 // Rollback rolls tx back. A transaction that already ended is not an error.
 func (d *Dialect) Rollback(_ context.Context, tx *sql.Tx) error {
+	if tx == nil {
+		return errNilTx
+	}
 	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return interpretError(err)
 	}
 	return nil
 }
 
-// serverInfo returns what Claim needs to know about the server, reading it
-// on h the first time. h is the executor's own handle, so a transaction
-// never waits for a second pool connection. A failed read is not cached: the
-// next Claim tries again. Concurrent first reads are harmless; they agree.
+// serverInfo returns what a bounded lock wait needs to know about the
+// server, reading it on h the first time. h is the executor's own handle, so
+// a transaction never waits for a second pool connection. A failed read is
+// not cached: the next call tries again. Concurrent first reads are harmless; they agree.
 func (d *Dialect) serverInfo(ctx context.Context, h dbtx) (*serverInfo, error) {
 	if s := d.server.Load(); s != nil {
 		return s, nil
@@ -131,93 +149,154 @@ type executor struct {
 
 var _ idem.Executor = (*executor)(nil)
 
-// Claim implements idem.Executor. On MariaDB each statement is prefixed by
-// SET STATEMENT innodb_lock_wait_timeout=N, where N is WaitTimeout rounded up
-// to whole seconds; on MySQL the session variable is set and restored around
-// the claim. A lock wait timeout rolls back only the statement unless the
-// server runs with innodb_rollback_on_timeout=ON, which TxAborted reports.
-func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimResult, error) {
+// restoreTimeout bounds the statement that puts a connection's lock wait
+// timeout back on MySQL. It runs even when the caller's context has ended,
+// since the connection outlives the call, but must not hang on a dead one.
+const restoreTimeout = 5 * time.Second
+
+// boundWait runs fn, whose statements may wait for a row lock that another
+// transaction holds, with that wait bounded by wait: InnoDB's
+// innodb_lock_wait_timeout, in whole seconds rounded up. fn must run every
+// statement on the handle it is given, with prefix prepended, and return
+// driver errors unclassified; boundWait classifies them. A lock wait
+// timeout (1205) becomes an *idem.InProgressError with RetryAfter wait and
+// the driver's error as Cause.
+//
+// On MariaDB, prefix is SET STATEMENT innodb_lock_wait_timeout=N FOR, which
+// applies to its statement alone and costs no extra round trip. SET
+// STATEMENT takes no bind parameters, so N is formatted into the text: it is
+// an int derived from a time.Duration in Config, never user input, and
+// formats as digits only. MySQL lacks SET STATEMENT: there the session value
+// is saved, set and restored around fn (see setLockWait).
+//
+// A context deadline is not used for the wait: when a context ends, the
+// driver closes the connection, which would destroy a caller's transaction.
+// Closing the connection does not stop the statement on the server either:
+// it goes on waiting and, once the lock is granted, runs to its end. In a
+// caller's transaction that is harmless, since the server rolls the
+// transaction back when it sees the connection gone. On the pool, in
+// autocommit mode, the statement would commit: a claim cancelled while it
+// waited would leave a processing record that no one holds, or a takeover
+// a token that no one knows. So on the pool fn runs in a transaction of its
+// own, committed when fn succeeds: two more round trips (BEGIN, COMMIT).
+//
+// InnoDB rolls back only the statement that timed out, unless the server
+// runs with innodb_rollback_on_timeout=ON, which rolls back the whole
+// transaction: TxAborted reports that, in a caller's transaction.
+func (e *executor) boundWait(ctx context.Context, wait time.Duration, fn func(h dbtx, prefix string) error) error {
 	srv, err := e.d.serverInfo(ctx, e.h)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	secs := lockWaitSeconds(p.WaitTimeout)
-	var res *idem.ClaimResult
+	secs := lockWaitSeconds(wait)
+	prefix := ""
 	if srv.mariaDB {
-		res, err = e.claimMariaDB(ctx, p, secs)
-	} else {
-		res, err = e.claimMySQL(ctx, p, secs)
+		prefix = "SET STATEMENT innodb_lock_wait_timeout=" + strconv.Itoa(secs) + " FOR "
+	}
+	switch {
+	case e.db == nil && srv.mariaDB:
+		err = fn(e.h, prefix)
+	case e.db == nil:
+		err = withSessionLockWait(ctx, e.h, nil, secs, fn)
+	case srv.mariaDB:
+		err = inTx(ctx, e.db.BeginTx, func(tx *sql.Tx) error { return fn(tx, prefix) })
+	default:
+		err = e.inConn(ctx, func(conn *sql.Conn) error {
+			return withSessionLockWait(ctx, conn, conn, secs, func(dbtx, string) error {
+				return inTx(ctx, conn.BeginTx, func(tx *sql.Tx) error { return fn(tx, "") })
+			})
+		})
 	}
 	if isLockWaitTimeout(err) {
-		return nil, &idem.InProgressError{
-			RetryAfter: max(p.WaitTimeout, 0),
+		return &idem.InProgressError{
+			RetryAfter: max(wait, 0),
 			TxAborted:  e.db == nil && srv.rollbackOnTimeout,
+			Cause:      err,
 		}
 	}
+	return interpretError(err)
+}
+
+// inTx runs fn in a transaction from begin, committed if fn succeeds and
+// rolled back otherwise. It returns driver errors unclassified.
+func inTx(ctx context.Context, begin func(context.Context, *sql.TxOptions) (*sql.Tx, error), fn func(*sql.Tx) error) error {
+	tx, err := begin(ctx, nil)
 	if err != nil {
-		return nil, interpretError(err)
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// inConn runs fn on a connection taken from the pool.
+func (e *executor) inConn(ctx context.Context, fn func(*sql.Conn) error) error {
+	conn, err := e.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	return fn(conn)
+}
+
+// withSessionLockWait sets the session's innodb_lock_wait_timeout on h, runs
+// fn on h, and puts the previous value back. h is a caller's transaction, or
+// conn, a connection taken from the pool.
+//
+// The restore runs even if ctx is done, since the connection outlives the
+// call, under its own restoreTimeout so that it cannot hang on a dead
+// connection. If it fails, conn is discarded rather than returned to the
+// pool with a shortened timeout. A transaction's connection cannot be
+// discarded from here: the restore's error is returned (unless fn failed
+// first), and the caller rolls back as after any error; when the restore
+// timed out, the driver has closed that connection already.
+func withSessionLockWait(ctx context.Context, h dbtx, conn *sql.Conn, secs int, fn func(h dbtx, prefix string) error) error {
+	if _, err := h.ExecContext(ctx, setLockWait, secs); err != nil {
+		return err
+	}
+	err := fn(h, "")
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), restoreTimeout)
+	defer cancel()
+	if _, rerr := h.ExecContext(rctx, restoreLockWait); rerr != nil {
+		if conn != nil {
+			// Make database/sql discard the connection. What fn did
+			// stands or was rolled back already; either way it is over.
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		} else if err == nil {
+			return rerr
+		}
+	}
+	return err
+}
+
+// Claim implements idem.Executor, with its wait bounded as boundWait says.
+func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimResult, error) {
+	var res *idem.ClaimResult
+	err := e.boundWait(ctx, p.WaitTimeout, func(h dbtx, prefix string) error {
+		var err error
+		res, err = claim(ctx, h, p, prefix)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	return res, nil
 }
 
-// claimMariaDB bounds each claim statement with SET STATEMENT, which applies
-// to that statement alone, so it works on the pool as well as in a
-// transaction and costs no extra round trip. SET STATEMENT takes no bind
-// parameters, so the timeout is formatted into the text: it is an int
-// derived from Config.WaitTimeout, never user input, and formats as digits
-// only.
-func (e *executor) claimMariaDB(ctx context.Context, p *idem.ClaimParams, secs int) (*idem.ClaimResult, error) {
-	prefix := "SET STATEMENT innodb_lock_wait_timeout=" + strconv.Itoa(secs) + " FOR "
-	return claim(ctx, e.h, p, prefix)
-}
-
-// claimMySQL sets the session's innodb_lock_wait_timeout, claims, and puts
-// the previous value back, all on one connection: the transaction's, or one
-// taken from the pool for the purpose. Context cancellation makes the driver
-// close the connection, so the wait is bounded by the server, never by a
-// context deadline, which would destroy the caller's transaction.
-func (e *executor) claimMySQL(ctx context.Context, p *idem.ClaimParams, secs int) (*idem.ClaimResult, error) {
-	h := e.h
-	var conn *sql.Conn
-	if e.db != nil {
-		var err error
-		if conn, err = e.db.Conn(ctx); err != nil {
-			return nil, err
-		}
-		defer func() { _ = conn.Close() }()
-		h = conn
-	}
-	if _, err := h.ExecContext(ctx, setLockWait, secs); err != nil {
-		return nil, err
-	}
-	res, err := claim(ctx, h, p, "")
-	// Restore even if ctx is done: the connection outlives this call.
-	if _, rerr := h.ExecContext(context.WithoutCancel(ctx), restoreLockWait); rerr != nil {
-		if conn != nil {
-			// Never return a connection with a shortened timeout to the
-			// pool: make database/sql discard it. The claim stands.
-			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-		} else if err == nil {
-			return nil, rerr
-		}
-	}
-	return res, err
-}
-
-// claim runs claimInsert then claimSelect on h, each prefixed by prefix. It
-// returns driver errors unclassified.
+// claim runs claimInsert then claimSelect on h, each prefixed by prefix. The
+// insert's duplicate key error is expected and absorbed, by number: its
+// message quotes the key. Other errors are returned unclassified.
 func claim(ctx context.Context, h dbtx, p *idem.ClaimParams, prefix string) (*idem.ClaimResult, error) {
 	now := pinned(p.Now)
 	scope, key := []byte(p.Scope), []byte(p.Key)
-	res, err := h.ExecContext(ctx, prefix+claimInsert,
+	_, err := h.ExecContext(ctx, prefix+claimInsert,
 		scope, key, p.Fingerprint[:], idem.StatusProcessing, p.Token,
 		now, p.LeaseDuration.Microseconds(), now, now,
 		now, p.Retention.Microseconds())
-	if err != nil {
-		return nil, err
-	}
-	inserted, err := res.RowsAffected()
-	if err != nil {
+	created := err == nil
+	if err != nil && !isDupEntry(err) {
 		return nil, err
 	}
 	var dbNow dbTime
@@ -226,30 +305,52 @@ func claim(ctx context.Context, h dbtx, p *idem.ClaimParams, prefix string) (*id
 		// sql.ErrNoRows: the record we conflicted with is gone already.
 		return nil, err
 	}
-	out := &idem.ClaimResult{
-		Record: rec,
-		// RowsAffected decides. The token check is a second guard for a DSN
-		// with clientFoundRows=true, where a found row counts as affected:
-		// it catches every such case except two claims that drew the same
-		// token, so that setting remains unsupported.
-		Created: inserted == 1 && rec.Token == p.Token,
-		Now:     dbNow.Time,
-	}
+	out := &idem.ClaimResult{Record: rec, Created: created, Now: dbNow.Time}
 	if p.Now != nil {
 		out.Now = truncate(*p.Now)
 	}
 	return out, nil
 }
 
-// Takeover implements idem.Executor.
+// Takeover implements idem.Executor, with its wait bounded as boundWait
+// says. An unknown Condition fails before any statement runs.
 func (e *executor) Takeover(ctx context.Context, p *idem.TakeoverParams) error {
 	now := pinned(p.Now)
-	res, err := e.h.ExecContext(ctx, takeover,
+	args := []any{
 		p.NewToken, p.Fingerprint[:], idem.StatusProcessing, p.Attempt,
 		now, p.LeaseDuration.Microseconds(), now, now,
 		now, p.Retention.Microseconds(),
-		[]byte(p.Scope), []byte(p.Key), p.Token)
-	return fencedUnlessOne(res, err)
+		[]byte(p.Scope), []byte(p.Key), p.Token,
+	}
+	var query string
+	switch p.Condition {
+	case idem.TakeoverRetentionExpired:
+		query = takeoverRetentionExpired
+		args = append(args, now)
+	case idem.TakeoverLeaseExpired:
+		query = takeoverLeaseExpired
+		args = append(args, idem.StatusProcessing, now)
+	case idem.TakeoverReserved:
+		query = takeover
+	default:
+		return fmt.Errorf("idem: mysql: unknown takeover condition %d", p.Condition)
+	}
+	var n int64
+	err := e.boundWait(ctx, p.WaitTimeout, func(h dbtx, prefix string) error {
+		res, err := h.ExecContext(ctx, prefix+query, args...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return idem.ErrFenced
+	}
+	return nil
 }
 
 // Get implements idem.Executor.
@@ -286,14 +387,127 @@ func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
 
 // Release implements idem.Executor.
 func (e *executor) Release(ctx context.Context, p *idem.ReleaseParams) error {
-	res, err := e.h.ExecContext(ctx, release,
-		[]byte(p.Scope), []byte(p.Key), p.Token, idem.StatusProcessing)
+	query := release
+	args := []any{[]byte(p.Scope), []byte(p.Key), p.Token, idem.StatusProcessing}
+	if p.OnlyIfLeaseExpired {
+		query = releaseLeaseExpired
+		args = append(args, pinned(p.Now))
+	}
+	res, err := e.h.ExecContext(ctx, query, args...)
 	return fencedUnlessOne(res, err)
+}
+
+// RenewLease implements idem.Executor, with its wait bounded as boundWait
+// says. MySQL has no RETURNING, so the new expiry is computed here from the
+// now given to the statement (the pinned one, or the server's clock read
+// just before) with the statement's own arithmetic: it equals the stored
+// value to the microsecond. With the server's clock that costs one extra
+// round trip, and the now is the time of that read: a statement that then
+// waits for a lock compares and writes a now that lags by the wait.
+func (e *executor) RenewLease(ctx context.Context, p *idem.RenewLeaseParams) (time.Time, error) {
+	now, err := e.statementNow(ctx, p.Now)
+	if err != nil {
+		return time.Time{}, err
+	}
+	// DATE_ADD(now, INTERVAL µs MICROSECOND), both truncating toward zero.
+	lease := now.Add(p.Duration.Truncate(time.Microsecond))
+	micros := p.Duration.Microseconds()
+	scope, key := []byte(p.Scope), []byte(p.Key)
+	found := false
+	err = e.boundWait(ctx, p.WaitTimeout, func(h dbtx, prefix string) error {
+		res, err := h.ExecContext(ctx, prefix+renewLease,
+			p.NewToken, now, micros, now, now, micros,
+			scope, key, p.Token, idem.StatusProcessing, p.OnlyIfExpired, now)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil || n > 0 {
+			found = n > 0
+			return err
+		}
+		if p.NewToken != p.Token {
+			// A matched row would have changed: its token.
+			return nil
+		}
+		// Fenced, or identical to the previous renewal (see renewLease).
+		var one int
+		err = h.QueryRowContext(ctx, prefix+renewLeaseCheck,
+			scope, key, p.Token, idem.StatusProcessing, lease, now, lease, p.OnlyIfExpired, now).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		found = err == nil
+		return err
+	})
+	if err != nil {
+		return time.Time{}, err
+	}
+	if !found {
+		return time.Time{}, idem.ErrFenced
+	}
+	return lease, nil
+}
+
+// ListStaleLeases implements idem.Executor. The time it returns is the one
+// its statement compared with: the pinned now, or the server's clock read
+// just before.
+func (e *executor) ListStaleLeases(ctx context.Context, p *idem.ListStaleLeasesParams) ([]*idem.Record, time.Time, error) {
+	now, err := e.statementNow(ctx, p.Now)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	rows, err := e.h.QueryContext(ctx, listStaleLeases, idem.StatusProcessing, now, now, p.Limit)
+	if err != nil {
+		return nil, time.Time{}, interpretError(err)
+	}
+	defer func() { _ = rows.Close() }()
+	var recs []*idem.Record
+	for rows.Next() {
+		rec, err := scanRecord(rows)
+		if err != nil {
+			return nil, time.Time{}, interpretError(err)
+		}
+		recs = append(recs, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, time.Time{}, interpretError(err)
+	}
+	return recs, now, nil
+}
+
+// DeleteExpired implements idem.Executor. Its statement skips rows that other
+// transactions hold instead of waiting for them (see deleteExpired), so it
+// needs no bound on lock waits; a skipped row is left for a later call.
+func (e *executor) DeleteExpired(ctx context.Context, p *idem.DeleteExpiredParams) (int, error) {
+	res, err := e.h.ExecContext(ctx, deleteExpired, pinned(p.Now), p.Limit)
+	if err != nil {
+		return 0, interpretError(err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, interpretError(err)
+	}
+	return int(n), nil
+}
+
+// statementNow returns the now to pass to a statement whose caller must know
+// it: the pinned time at the columns' precision, or the server's UTC clock
+// read on the executor's handle.
+func (e *executor) statementNow(ctx context.Context, at *time.Time) (time.Time, error) {
+	if at != nil {
+		return truncate(*at), nil
+	}
+	var t dbTime
+	if err := e.h.QueryRowContext(ctx, clock).Scan(&t); err != nil {
+		return time.Time{}, interpretError(err)
+	}
+	return t.Time, nil
 }
 
 // fencedUnlessOne turns the result of a fenced write into ErrFenced when it
 // matched no row. Each such statement changes at least one column of the row
-// it matches, so with clientFoundRows=false a match counts as one row.
+// it matches, so a match counts as one row whatever clientFoundRows says.
 func fencedUnlessOne(res sql.Result, err error) error {
 	if err != nil {
 		return interpretError(err)
@@ -332,8 +546,13 @@ func pinned(t *time.Time) any {
 
 func truncate(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
 
+// rowScanner is a *sql.Row or *sql.Rows.
+type rowScanner interface {
+	Scan(dest ...any) error
+}
+
 // scanRecord scans recordColumns, then extra, from row.
-func scanRecord(row *sql.Row, extra ...any) (*idem.Record, error) {
+func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
 	var (
 		scope, key, fingerprint, header, body         []byte
 		status                                        idem.Status
@@ -401,4 +620,36 @@ func (t *dbTime) Scan(src any) error {
 	default:
 		return fmt.Errorf("idem: mysql: unexpected %T for a DATETIME value", src)
 	}
+}
+
+// failedExecutor answers every call with err; [Dialect.Tx] returns it for a
+// nil transaction.
+type failedExecutor struct{ err error }
+
+var _ idem.Executor = failedExecutor{}
+
+func (f failedExecutor) Claim(context.Context, *idem.ClaimParams) (*idem.ClaimResult, error) {
+	return nil, f.err
+}
+
+func (f failedExecutor) Takeover(context.Context, *idem.TakeoverParams) error { return f.err }
+
+func (f failedExecutor) Get(context.Context, *idem.GetParams) (*idem.Record, error) {
+	return nil, f.err
+}
+
+func (f failedExecutor) Complete(context.Context, *idem.CompleteParams) error { return f.err }
+
+func (f failedExecutor) Release(context.Context, *idem.ReleaseParams) error { return f.err }
+
+func (f failedExecutor) RenewLease(context.Context, *idem.RenewLeaseParams) (time.Time, error) {
+	return time.Time{}, f.err
+}
+
+func (f failedExecutor) ListStaleLeases(context.Context, *idem.ListStaleLeasesParams) ([]*idem.Record, time.Time, error) {
+	return nil, time.Time{}, f.err
+}
+
+func (f failedExecutor) DeleteExpired(context.Context, *idem.DeleteExpiredParams) (int, error) {
+	return 0, f.err
 }

@@ -3,8 +3,10 @@ package mysql_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -165,6 +167,9 @@ func TestClaimWaitRoundsUpToWholeSeconds(t *testing.T) {
 			require.ErrorAs(t, err, &ip)
 			require.Equal(t, wait, ip.RetryAfter)
 			require.False(t, ip.TxAborted, "InnoDB rolls back only the statement")
+			var myErr *gomysql.MySQLError
+			require.ErrorAs(t, err, &myErr, "the driver's error is the Cause")
+			require.EqualValues(t, 1205, myErr.Number)
 			require.GreaterOrEqual(t, elapsed, 2*time.Second-50*time.Millisecond)
 			require.Less(t, elapsed, 4*time.Second)
 			// The waiter's transaction is alive.
@@ -531,4 +536,1186 @@ func TestDSNWithoutParseTimeOrUTC(t *testing.T) {
 			require.Zero(t, n, "nothing may be written through a misconfigured pool")
 		})
 	}
+}
+
+// seedScope holds the records written by seed.
+const seedScope = "t1/reap"
+
+// seedRecord is a record written straight into idempotency_keys, so that a
+// test controls every time the lease and reaper statements compare.
+type seedRecord struct {
+	key     string
+	status  idem.Status
+	lease   time.Time // lease_expires_at; also created_at and updated_at
+	expires time.Time // expires_at
+}
+
+func processing(key string, lease, expires time.Time) seedRecord {
+	return seedRecord{key: key, status: idem.StatusProcessing, lease: lease, expires: expires}
+}
+
+func completed(key string, lease, expires time.Time) seedRecord {
+	return seedRecord{key: key, status: idem.StatusSucceeded, lease: lease, expires: expires}
+}
+
+// seed inserts recs in scope seedScope, a few hundred rows per statement.
+func (b *bundle) seed(ctx context.Context, t *testing.T, recs ...seedRecord) {
+	t.Helper()
+	const batch = 200
+	for start := 0; start < len(recs); start += batch {
+		var q strings.Builder
+		q.WriteString(`INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, status,
+			token, attempt, lease_expires_at, response_status, response_body,
+			created_at, updated_at, completed_at, expires_at) VALUES `)
+		var args []any
+		for i, r := range recs[start:min(start+batch, len(recs))] {
+			if i > 0 {
+				q.WriteString(", ")
+			}
+			q.WriteString("(?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?)")
+			var respStatus, body, done any // NULL while processing
+			if r.status.Final() {
+				respStatus, body, done = http.StatusOK, []byte{}, r.lease
+			}
+			fp := idem.NewFingerprint([]byte(r.key))
+			args = append(args, []byte(seedScope), []byte(r.key), fp[:], r.status,
+				lastToken.Add(1), r.lease, respStatus, body, r.lease, r.lease, done, r.expires)
+		}
+		_, err := b.db.ExecContext(ctx, q.String(), args...)
+		require.NoError(t, err)
+	}
+}
+
+// keys returns the keys stored in seedScope, sorted.
+func (b *bundle) keys(ctx context.Context, t *testing.T) []string {
+	t.Helper()
+	rows, err := b.db.QueryContext(ctx,
+		"SELECT idempotency_key FROM idempotency_keys WHERE scope = ? ORDER BY idempotency_key", []byte(seedScope))
+	require.NoError(t, err)
+	defer func() { _ = rows.Close() }()
+	var keys []string
+	for rows.Next() {
+		var k []byte
+		require.NoError(t, rows.Scan(&k))
+		keys = append(keys, string(k))
+	}
+	require.NoError(t, rows.Err())
+	return keys
+}
+
+// serverNow reads the server's UTC clock, the one the statements use when
+// no clock is pinned.
+func (b *bundle) serverNow(ctx context.Context, t *testing.T) time.Time {
+	t.Helper()
+	var now time.Time
+	require.NoError(t, b.db.QueryRowContext(ctx, "SELECT UTC_TIMESTAMP(6)").Scan(&now))
+	return now
+}
+
+func recordKeys(recs []*idem.Record) []string {
+	keys := make([]string, len(recs))
+	for i, r := range recs {
+		keys[i] = r.Key
+	}
+	return keys
+}
+
+// pinnedNow is finer than the columns and not in UTC: statements must store
+// and compare it at µs, in UTC.
+var pinnedNow = time.Date(2031, 5, 6, 7, 8, 9, 123456789, time.FixedZone("X", 5*3600))
+
+// TestRenewLease: fenced by token and status; returns the expiry exactly as
+// stored; applies the new token; in both exec modes.
+func TestRenewLease(t *testing.T) {
+	t.Parallel()
+	for _, interpolate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("interpolateParams=%v", interpolate), func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, idemmysql.New, interpolate)
+			exec := b.d.DB()
+			now := pinnedNow
+			at := now.UTC().Truncate(time.Microsecond)
+			cp := claimParams("k")
+			cp.Now = &now
+			_, err := exec.Claim(ctx, cp)
+			require.NoError(t, err)
+			get := func() *idem.Record {
+				t.Helper()
+				rec, err := exec.Get(ctx, &idem.GetParams{Scope: cp.Scope, Key: cp.Key, Now: &now})
+				require.NoError(t, err)
+				return rec
+			}
+
+			// A sub-µs duration is truncated like the stored value.
+			later := now.Add(10 * time.Second)
+			renew := &idem.RenewLeaseParams{
+				Scope: cp.Scope, Key: cp.Key, Token: cp.Token, NewToken: cp.Token,
+				Duration: 90*time.Second + 1500*time.Nanosecond, Now: &later,
+			}
+			got, err := exec.RenewLease(ctx, renew)
+			require.NoError(t, err)
+			require.Equal(t, at.Add(100*time.Second+time.Microsecond), got)
+			rec := get()
+			require.Equal(t, got, rec.LeaseExpiresAt)
+			require.Equal(t, at.Add(10*time.Second), rec.UpdatedAt)
+			require.Equal(t, cp.Token, rec.Token)
+			require.Equal(t, idem.StatusProcessing, rec.Status)
+
+			// The same renewal again writes the values already stored, which
+			// the server counts as no row changed: still a success.
+			again, err := exec.RenewLease(ctx, renew)
+			require.NoError(t, err)
+			require.Equal(t, got, again)
+
+			// A new token replaces the old one, which is fenced from then on.
+			rotate := *renew
+			rotate.NewToken = lastToken.Add(1)
+			rotate.Duration = time.Minute
+			got, err = exec.RenewLease(ctx, &rotate)
+			require.NoError(t, err)
+			require.Equal(t, at.Add(70*time.Second), got)
+			rec = get()
+			require.Equal(t, rotate.NewToken, rec.Token)
+			require.Equal(t, got, rec.LeaseExpiresAt)
+
+			stale := *renew
+			stale.Duration = time.Hour
+			_, err = exec.RenewLease(ctx, &stale)
+			require.ErrorIs(t, err, idem.ErrFenced)
+			wrong := *renew
+			wrong.Token, wrong.NewToken = lastToken.Add(1), lastToken.Add(1)
+			_, err = exec.RenewLease(ctx, &wrong)
+			require.ErrorIs(t, err, idem.ErrFenced)
+			rec = get()
+			require.Equal(t, rotate.NewToken, rec.Token, "a fenced renewal changes nothing")
+			require.Equal(t, got, rec.LeaseExpiresAt)
+
+			// A completed record is fenced even with its token.
+			require.NoError(t, exec.Complete(ctx, &idem.CompleteParams{
+				Scope: cp.Scope, Key: cp.Key, Token: rotate.NewToken, Status: idem.StatusSucceeded,
+				Response: &idem.Response{StatusCode: http.StatusOK}, Retention: time.Hour, Now: &later,
+			}))
+			current := rotate
+			current.Token = rotate.NewToken
+			_, err = exec.RenewLease(ctx, &current)
+			require.ErrorIs(t, err, idem.ErrFenced)
+			require.Equal(t, idem.StatusSucceeded, get().Status)
+
+			// So is a missing record.
+			missing := *renew
+			missing.Key = "missing"
+			_, err = exec.RenewLease(ctx, &missing)
+			require.ErrorIs(t, err, idem.ErrFenced)
+		})
+	}
+}
+
+// TestRenewLeaseDatabaseClock: without a pinned clock the expiry comes from
+// the server's clock and is still returned exactly as stored.
+func TestRenewLeaseDatabaseClock(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, idemmysql.New, true)
+	exec := b.d.DB()
+	cp := claimParams("k")
+	_, err := exec.Claim(ctx, cp)
+	require.NoError(t, err)
+	before := b.serverNow(ctx, t)
+	got, err := exec.RenewLease(ctx, &idem.RenewLeaseParams{
+		Scope: cp.Scope, Key: cp.Key, Token: cp.Token, NewToken: cp.Token, Duration: 5 * time.Minute,
+	})
+	require.NoError(t, err)
+	require.Equal(t, time.UTC, got.Location())
+	require.False(t, got.Before(before.Add(5*time.Minute)))
+	require.WithinDuration(t, before.Add(5*time.Minute), got, time.Minute)
+	rec, err := exec.Get(ctx, &idem.GetParams{Scope: cp.Scope, Key: cp.Key})
+	require.NoError(t, err)
+	require.Equal(t, got, rec.LeaseExpiresAt)
+	require.Equal(t, got.Add(-5*time.Minute), rec.UpdatedAt)
+}
+
+// TestRenewLeaseInOldSnapshot: a caller transaction whose snapshot predates
+// a renewal committed by another connection can repeat that renewal: the
+// check after an UPDATE that changed nothing reads the latest row, not the
+// snapshot.
+func TestRenewLeaseInOldSnapshot(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, idemmysql.New, true)
+	now := pinnedNow
+	cp := claimParams("k")
+	cp.Now = &now
+	_, err := b.d.DB().Claim(ctx, cp)
+	require.NoError(t, err)
+
+	tx := b.begin(ctx, t)
+	var n int // fixes the snapshot: the lease as claimed
+	require.NoError(t, tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM idempotency_keys").Scan(&n))
+	later := now.Add(time.Second)
+	renew := &idem.RenewLeaseParams{
+		Scope: cp.Scope, Key: cp.Key, Token: cp.Token, NewToken: cp.Token, Duration: time.Hour, Now: &later,
+	}
+	want, err := b.d.DB().RenewLease(ctx, renew)
+	require.NoError(t, err)
+	got, err := b.d.Tx(tx).RenewLease(ctx, renew)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	require.NoError(t, b.d.Commit(ctx, tx))
+}
+
+// TestListStaleLeases: only processing records whose lease has run out and
+// whose retention has not, oldest lease first, up to the limit.
+func TestListStaleLeases(t *testing.T) {
+	t.Parallel()
+	for _, interpolate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("interpolateParams=%v", interpolate), func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, idemmysql.New, interpolate)
+			exec := b.d.DB()
+			now := pinnedNow
+			at := now.UTC().Truncate(time.Microsecond)
+			live := at.Add(time.Hour)
+			b.seed(ctx, t,
+				processing("stale-2", at.Add(-2*time.Minute), live),
+				processing("stale-4", at, live), // lease_expires_at <= now
+				processing("stale-1", at.Add(-3*time.Minute), live),
+				processing("stale-3", at.Add(-time.Minute), live),
+				processing("live-lease", at.Add(time.Microsecond), live),
+				processing("retention-over", at.Add(-time.Hour), at), // expires_at > now fails
+				completed("completed", at.Add(-time.Hour), live),
+				seedRecord{key: "failed", status: idem.StatusFailed, lease: at.Add(-time.Hour), expires: live},
+			)
+
+			recs, used, err := exec.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 10, Now: &now})
+			require.NoError(t, err)
+			require.Equal(t, at, used)
+			require.Equal(t, []string{"stale-1", "stale-2", "stale-3", "stale-4"}, recordKeys(recs))
+			r := recs[0]
+			require.Equal(t, seedScope, r.Scope)
+			require.Equal(t, idem.StatusProcessing, r.Status)
+			require.Equal(t, at.Add(-3*time.Minute), r.LeaseExpiresAt)
+			require.Equal(t, live, r.ExpiresAt)
+			require.Equal(t, idem.NewFingerprint([]byte("stale-1")), r.Fingerprint)
+			require.NotZero(t, r.Token)
+			require.Nil(t, r.Response)
+
+			recs, _, err = exec.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 2, Now: &now})
+			require.NoError(t, err)
+			require.Equal(t, []string{"stale-1", "stale-2"}, recordKeys(recs))
+
+			recs, _, err = exec.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 0, Now: &now})
+			require.NoError(t, err)
+			require.Empty(t, recs)
+
+			// With the server's clock, the records seeded in 2031 all have
+			// live leases.
+			dbNow := b.serverNow(ctx, t)
+			b.seed(ctx, t,
+				processing("db-stale", dbNow.Add(-time.Second), dbNow.Add(time.Hour)),
+				processing("db-live", dbNow.Add(time.Hour), dbNow.Add(2*time.Hour)),
+			)
+			recs, used, err = exec.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 10})
+			require.NoError(t, err)
+			require.Equal(t, []string{"db-stale"}, recordKeys(recs))
+			require.Equal(t, time.UTC, used.Location())
+			require.False(t, used.Before(dbNow))
+			require.WithinDuration(t, dbNow, used, time.Minute)
+		})
+	}
+}
+
+// TestDeleteExpired: up to the limit, oldest first, only expired records.
+func TestDeleteExpired(t *testing.T) {
+	t.Parallel()
+	for _, interpolate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("interpolateParams=%v", interpolate), func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, idemmysql.New, interpolate)
+			exec := b.d.DB()
+			now := pinnedNow
+			at := now.UTC().Truncate(time.Microsecond)
+			b.seed(ctx, t,
+				completed("e3", at, at.Add(-3*time.Minute)),
+				processing("e1", at, at.Add(-5*time.Minute)),
+				completed("e2", at, at.Add(-4*time.Minute)),
+				processing("e4", at, at), // expires_at <= now
+				completed("live-1", at, at.Add(time.Microsecond)),
+				processing("live-2", at.Add(-time.Hour), at.Add(time.Hour)),
+			)
+			del := func(limit int, now *time.Time) int {
+				t.Helper()
+				n, err := exec.DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: limit, Now: now})
+				require.NoError(t, err)
+				return n
+			}
+
+			require.Zero(t, del(0, &now))
+			require.Equal(t, 2, del(2, &now))
+			require.Equal(t, []string{"e3", "e4", "live-1", "live-2"}, b.keys(ctx, t), "oldest first")
+			require.Equal(t, 2, del(10, &now))
+			require.Zero(t, del(10, &now))
+			require.Equal(t, []string{"live-1", "live-2"}, b.keys(ctx, t))
+
+			// With the server's clock, the records seeded in 2031 are live.
+			dbNow := b.serverNow(ctx, t)
+			b.seed(ctx, t,
+				completed("db-expired", dbNow.Add(-time.Hour), dbNow.Add(-time.Second)),
+				completed("db-live", dbNow.Add(-time.Hour), dbNow.Add(time.Hour)),
+			)
+			require.Equal(t, 1, del(10, nil))
+			require.Equal(t, []string{"db-live", "live-1", "live-2"}, b.keys(ctx, t))
+		})
+	}
+}
+
+// TestDeleteExpiredSkipsHeldRows: rows that other transactions hold are
+// skipped, not waited for, so a reaper never queues behind a claim and two
+// reapers never queue behind each other.
+func TestDeleteExpiredSkipsHeldRows(t *testing.T) {
+	t.Parallel()
+	now := pinnedNow
+	at := now.UTC().Truncate(time.Microsecond)
+	// deletePromptly deletes on the pool; a statement that waited for a
+	// lock would run into the context's deadline, long before the server's
+	// 50 s innodb_lock_wait_timeout.
+	deletePromptly := func(ctx context.Context, t *testing.T, b *bundle, limit int) int {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		start := time.Now()
+		n, err := b.d.DB().DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: limit, Now: &now})
+		require.NoError(t, err)
+		require.Less(t, time.Since(start), 3*time.Second)
+		return n
+	}
+
+	t.Run("RowsLockedForUpdate", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t, idemmysql.New, true)
+		b.seed(ctx, t,
+			completed("e1", at, at.Add(-3*time.Minute)),
+			completed("e2", at, at.Add(-2*time.Minute)),
+			completed("e3", at, at.Add(-time.Minute)),
+			completed("live-1", at, at.Add(time.Minute)),
+			completed("live-2", at, at.Add(time.Hour)),
+		)
+		// The oldest expired row, and the first live row past the expired
+		// range, which InnoDB's range scan reaches too.
+		holder := b.begin(ctx, t)
+		for _, key := range []string{"e1", "live-1"} {
+			var k []byte
+			require.NoError(t, holder.QueryRowContext(ctx,
+				"SELECT idempotency_key FROM idempotency_keys WHERE scope = ? AND idempotency_key = ? FOR UPDATE",
+				[]byte(seedScope), []byte(key)).Scan(&k))
+		}
+		require.Equal(t, 2, deletePromptly(ctx, t, b, 10))
+		require.Equal(t, []string{"e1", "live-1", "live-2"}, b.keys(ctx, t))
+		require.NoError(t, b.d.Rollback(ctx, holder))
+		require.Equal(t, 1, deletePromptly(ctx, t, b, 10))
+		require.Equal(t, []string{"live-1", "live-2"}, b.keys(ctx, t))
+	})
+
+	t.Run("ClaimTakingOverExpiredKey", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t, idemmysql.New, true)
+		b.seed(ctx, t,
+			completed("e1", at, at.Add(-2*time.Minute)),
+			completed("e2", at, at.Add(-time.Minute)),
+		)
+		store := b.store(t, &idem.Config{Now: func() time.Time { return now }})
+		tx := b.begin(ctx, t)
+		c, err := store.ClaimTx(ctx, tx, seedScope, "e1", idem.NewFingerprint())
+		require.NoError(t, err)
+		require.True(t, c.Acquired(), "the expired record is taken over")
+
+		require.Equal(t, 1, deletePromptly(ctx, t, b, 10))
+		require.Equal(t, []string{"e1"}, b.keys(ctx, t))
+		require.NoError(t, b.d.Commit(ctx, tx))
+		// Committed, the takeover made e1 live again.
+		require.Zero(t, deletePromptly(ctx, t, b, 10))
+		rec, err := store.Get(ctx, seedScope, "e1")
+		require.NoError(t, err)
+		require.Equal(t, c.Token, rec.Token)
+	})
+
+	t.Run("TwoReapers", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t, idemmysql.New, true)
+		var recs []seedRecord
+		for i := range 6 {
+			recs = append(recs, completed(fmt.Sprintf("e%d", i), at, at.Add(-time.Duration(i+1)*time.Minute)))
+		}
+		b.seed(ctx, t, recs...)
+		// The first reaper's batch stays locked until its transaction ends.
+		first := b.begin(ctx, t)
+		n, err := b.d.Tx(first).DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: 3, Now: &now})
+		require.NoError(t, err)
+		require.Equal(t, 3, n)
+		require.Equal(t, 3, deletePromptly(ctx, t, b, 10), "the second reaper takes the rest")
+		require.NoError(t, b.d.Commit(ctx, first))
+		require.Empty(t, b.keys(ctx, t))
+	})
+}
+
+// TestLeaseAndReaperStatementsUseTheirIndexes checks the plans on a table
+// large enough for the optimizer to prefer the indexes.
+func TestLeaseAndReaperStatementsUseTheirIndexes(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, idemmysql.New, true) // interpolated: EXPLAIN gets the values
+	now := pinnedNow
+	at := now.UTC().Truncate(time.Microsecond)
+	recs := make([]seedRecord, 0, 1200)
+	for i := range cap(recs) {
+		// A few stale leases and a few expired records among many live ones.
+		r := seedRecord{
+			key:     fmt.Sprintf("k%04d", i),
+			status:  idem.Status(1 + i%3),
+			lease:   at.Add(time.Duration(i-10) * time.Second),
+			expires: at.Add(time.Duration(i-10) * time.Minute),
+		}
+		recs = append(recs, r)
+	}
+	b.seed(ctx, t, recs...)
+	_, err := b.db.ExecContext(ctx, "ANALYZE TABLE idempotency_keys")
+	require.NoError(t, err)
+
+	plan := explain(ctx, t, b.db, idemmysql.ListStaleLeasesQuery, idem.StatusProcessing, now, now, 100)
+	require.Len(t, plan, 1)
+	require.Equal(t, "idempotency_keys_stale_lease_idx", plan[0]["key"])
+	require.Equal(t, "range", plan[0]["type"])
+	require.NotContains(t, plan[0]["extra"], "filesort")
+
+	plan = explain(ctx, t, b.db, idemmysql.DeleteExpiredQuery, now, 100)
+	var sawDerived, sawTarget bool
+	for _, row := range plan {
+		require.False(t, row["type"] == "ALL" && !strings.HasPrefix(row["table"], "<derived"),
+			"no full scan of idempotency_keys: %v", row)
+		switch row["table"] {
+		case "idempotency_keys":
+			sawDerived = true
+			require.Equal(t, "idempotency_keys_expires_at_idx", row["key"])
+			require.Equal(t, "range", row["type"])
+			require.NotContains(t, row["extra"], "filesort")
+		case "k":
+			sawTarget = true
+			require.Equal(t, "PRIMARY", row["key"])
+			require.Equal(t, "eq_ref", row["type"])
+		}
+	}
+	require.True(t, sawDerived && sawTarget, "plan: %v", plan)
+}
+
+// explain returns the rows of EXPLAIN query, each as lower-case column name
+// to value (MySQL and MariaDB print different columns).
+func explain(ctx context.Context, t *testing.T, db *sql.DB, query string, args ...any) []map[string]string {
+	t.Helper()
+	rows, err := db.QueryContext(ctx, "EXPLAIN "+query, args...)
+	require.NoError(t, err)
+	defer func() { _ = rows.Close() }()
+	cols, err := rows.Columns()
+	require.NoError(t, err)
+	var plan []map[string]string
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		dest := make([]any, len(cols))
+		for i := range vals {
+			dest[i] = &vals[i]
+		}
+		require.NoError(t, rows.Scan(dest...))
+		row := make(map[string]string, len(cols))
+		for i, c := range cols {
+			row[strings.ToLower(c)] = vals[i].String
+		}
+		plan = append(plan, row)
+	}
+	require.NoError(t, rows.Err())
+	return plan
+}
+
+// record states that the takeover and lease tests start from.
+const (
+	stateProcessing = "processing"
+	stateCompleted  = "completed"
+)
+
+// claimAt claims key on exec with the clock pinned at now: lease until
+// now+1m, retention until now+1h; completed, it is completed at now, which
+// keeps the retention deadline. It returns the claim's parameters.
+func claimAt(ctx context.Context, t *testing.T, exec idem.Executor, key, state string, now time.Time) *idem.ClaimParams {
+	t.Helper()
+	cp := claimParams(key)
+	cp.Now = &now
+	res, err := exec.Claim(ctx, cp)
+	require.NoError(t, err)
+	require.True(t, res.Created)
+	if state == stateCompleted {
+		require.NoError(t, exec.Complete(ctx, &idem.CompleteParams{
+			Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Status: idem.StatusSucceeded,
+			Response: &idem.Response{StatusCode: http.StatusCreated, Body: []byte("done")}, Retention: time.Hour, Now: &now,
+		}))
+	}
+	return cp
+}
+
+// takeoverOf returns the arguments of a takeover of the record claimed with
+// cp, at now.
+func takeoverOf(cp *idem.ClaimParams, cond idem.TakeoverCondition, now time.Time) *idem.TakeoverParams {
+	return &idem.TakeoverParams{
+		Scope: cp.Scope, Key: cp.Key, Token: cp.Token, NewToken: lastToken.Add(1),
+		Fingerprint: idem.NewFingerprint([]byte("takeover")), Attempt: 2,
+		LeaseDuration: time.Minute, Retention: time.Hour,
+		Condition: cond, WaitTimeout: 10 * time.Second, Now: &now,
+	}
+}
+
+// stored reads the record for key whatever its retention deadline.
+func (b *bundle) stored(ctx context.Context, t *testing.T, key string) *idem.Record {
+	t.Helper()
+	past := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	rec, err := b.d.DB().Get(ctx, &idem.GetParams{Scope: "t1/create", Key: key, Now: &past})
+	require.NoError(t, err)
+	return rec
+}
+
+// TestTakeoverConditions: besides the token, a takeover requires what its
+// condition says, and changes nothing when that does not hold.
+func TestTakeoverConditions(t *testing.T) {
+	t.Parallel()
+	at := pinnedNow.UTC().Truncate(time.Microsecond)
+	for _, interpolate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("interpolateParams=%v", interpolate), func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, idemmysql.New, interpolate)
+			exec := b.d.DB()
+			for i, tc := range []struct {
+				cond   idem.TakeoverCondition
+				state  string
+				after  time.Duration // since the claim
+				wrong  bool          // with a token the record does not carry
+				fenced bool
+			}{
+				{idem.TakeoverRetentionExpired, stateCompleted, 30 * time.Minute, false, true},
+				{idem.TakeoverRetentionExpired, stateCompleted, time.Hour, false, false}, // expires_at <= now
+				{idem.TakeoverRetentionExpired, stateProcessing, 30 * time.Minute, false, true},
+				{idem.TakeoverRetentionExpired, stateProcessing, 2 * time.Hour, false, false},
+				{idem.TakeoverRetentionExpired, stateCompleted, 2 * time.Hour, true, true},
+				{idem.TakeoverLeaseExpired, stateProcessing, 30 * time.Second, false, true},
+				{idem.TakeoverLeaseExpired, stateProcessing, time.Minute, false, false}, // lease_expires_at <= now
+				{idem.TakeoverLeaseExpired, stateCompleted, 2 * time.Hour, false, true}, // not processing
+				{idem.TakeoverLeaseExpired, stateProcessing, 2 * time.Minute, true, true},
+				{idem.TakeoverReserved, stateProcessing, 0, false, false}, // the token is enough
+				{idem.TakeoverReserved, stateProcessing, 0, true, true},
+			} {
+				key := fmt.Sprintf("k%d", i)
+				cp := claimAt(ctx, t, exec, key, tc.state, pinnedNow)
+				before := b.stored(ctx, t, key)
+				now := pinnedNow.Add(tc.after)
+				p := takeoverOf(cp, tc.cond, now)
+				if tc.wrong {
+					p.Token = lastToken.Add(1)
+				}
+				err := exec.Takeover(ctx, p)
+				rec := b.stored(ctx, t, key)
+				if tc.fenced {
+					require.ErrorIs(t, err, idem.ErrFenced, "case %d", i)
+					require.Equal(t, before, rec, "case %d: a fenced takeover changes nothing", i)
+					continue
+				}
+				require.NoError(t, err, "case %d", i)
+				when := at.Add(tc.after)
+				require.Equal(t, p.NewToken, rec.Token, "case %d", i)
+				require.Equal(t, idem.StatusProcessing, rec.Status)
+				require.Equal(t, 2, rec.Attempt)
+				require.Equal(t, p.Fingerprint, rec.Fingerprint)
+				require.Nil(t, rec.Response)
+				require.True(t, rec.CompletedAt.IsZero())
+				require.Equal(t, when, rec.CreatedAt)
+				require.Equal(t, when.Add(time.Minute), rec.LeaseExpiresAt)
+				require.Equal(t, when.Add(time.Hour), rec.ExpiresAt)
+			}
+		})
+	}
+
+	t.Run("UnknownCondition", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t, idemmysql.New, true)
+		cp := claimAt(ctx, t, b.d.DB(), "k", stateCompleted, pinnedNow)
+		before := b.stored(ctx, t, "k")
+		for _, cond := range []idem.TakeoverCondition{0, -1, idem.TakeoverReserved + 1} {
+			err := b.d.DB().Takeover(ctx, takeoverOf(cp, cond, pinnedNow.Add(2*time.Hour)))
+			require.Error(t, err)
+			require.NotErrorIs(t, err, idem.ErrFenced)
+		}
+		require.Equal(t, before, b.stored(ctx, t, "k"))
+		// It fails before touching the database: a closed pool goes unnoticed.
+		require.NoError(t, b.db.Close())
+		err := b.d.DB().Takeover(ctx, takeoverOf(cp, 0, pinnedNow))
+		require.Error(t, err)
+		require.NotErrorIs(t, err, idem.ErrStoreUnavailable)
+	})
+}
+
+// TestTakeoverRechecksAfterWait: a takeover that waits for a transaction
+// holding the record evaluates its condition on what that transaction
+// committed, so a holder that completed or renewed meanwhile keeps its
+// record; and a caller's transaction whose snapshot predates the change does
+// not overwrite it either.
+func TestTakeoverRechecksAfterWait(t *testing.T) {
+	t.Parallel()
+	at := pinnedNow.UTC().Truncate(time.Microsecond)
+	for _, tc := range []struct {
+		name  string
+		cond  idem.TakeoverCondition
+		after time.Duration
+		// holder writes, in the holder's executor, what keeps the record.
+		holder func(ctx context.Context, exec idem.Executor, cp *idem.ClaimParams, now time.Time) error
+		check  func(t *testing.T, rec *idem.Record)
+	}{
+		{
+			name: "CompletedKeepsRecord", cond: idem.TakeoverRetentionExpired, after: 2 * time.Hour,
+			holder: func(ctx context.Context, exec idem.Executor, cp *idem.ClaimParams, now time.Time) error {
+				return exec.Complete(ctx, &idem.CompleteParams{
+					Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Status: idem.StatusSucceeded,
+					Response: &idem.Response{StatusCode: http.StatusCreated, Body: []byte("late")}, Retention: time.Hour, Now: &now,
+				})
+			},
+			check: func(t *testing.T, rec *idem.Record) {
+				require.Equal(t, idem.StatusSucceeded, rec.Status)
+				require.Equal(t, []byte("late"), rec.Response.Body)
+			},
+		},
+		{
+			name: "RenewedKeepsLease", cond: idem.TakeoverLeaseExpired, after: 2 * time.Minute,
+			holder: func(ctx context.Context, exec idem.Executor, cp *idem.ClaimParams, now time.Time) error {
+				_, err := exec.RenewLease(ctx, &idem.RenewLeaseParams{
+					Scope: cp.Scope, Key: cp.Key, Token: cp.Token, NewToken: cp.Token,
+					Duration: time.Minute, WaitTimeout: time.Second, Now: &now,
+				})
+				return err
+			},
+			check: func(t *testing.T, rec *idem.Record) {
+				require.Equal(t, idem.StatusProcessing, rec.Status)
+				require.Equal(t, at.Add(3*time.Minute), rec.LeaseExpiresAt)
+			},
+		},
+	} {
+		for _, path := range claimPaths {
+			t.Run(tc.name+"/WaitedFor/"+path.name, func(t *testing.T) {
+				t.Parallel()
+				ctx, b := setup(t, path.new, true)
+				cp := claimAt(ctx, t, b.d.DB(), "k", stateProcessing, pinnedNow)
+				now := pinnedNow.Add(tc.after)
+				holder := b.begin(ctx, t)
+				require.NoError(t, tc.holder(ctx, b.d.Tx(holder), cp, now))
+
+				errc := make(chan error, 1)
+				go func() { errc <- b.d.DB().Takeover(ctx, takeoverOf(cp, tc.cond, now)) }()
+				time.Sleep(300 * time.Millisecond) // let the takeover wait
+				require.NoError(t, b.d.Commit(ctx, holder))
+				require.ErrorIs(t, <-errc, idem.ErrFenced)
+				rec := b.stored(ctx, t, "k")
+				require.Equal(t, cp.Token, rec.Token)
+				tc.check(t, rec)
+			})
+			t.Run(tc.name+"/OldSnapshot/"+path.name, func(t *testing.T) {
+				t.Parallel()
+				ctx, b := setup(t, path.new, true)
+				cp := claimAt(ctx, t, b.d.DB(), "k", stateProcessing, pinnedNow)
+				now := pinnedNow.Add(tc.after)
+				tx := b.begin(ctx, t)
+				var n int // fixes the snapshot: the record as claimed
+				require.NoError(t, tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM idempotency_keys").Scan(&n))
+				require.NoError(t, tc.holder(ctx, b.d.DB(), cp, now))
+
+				require.ErrorIs(t, b.d.Tx(tx).Takeover(ctx, takeoverOf(cp, tc.cond, now)), idem.ErrFenced)
+				require.NoError(t, b.d.Commit(ctx, tx))
+				rec := b.stored(ctx, t, "k")
+				require.Equal(t, cp.Token, rec.Token)
+				tc.check(t, rec)
+			})
+		}
+	}
+}
+
+// TestLeaseWritesWaitIsBounded: Takeover and RenewLease wait for a
+// transaction holding the record no longer than WaitTimeout (rounded up to
+// whole seconds), on the pool and in a caller's transaction, and report it
+// as Claim does; the caller's transaction stays usable.
+func TestLeaseWritesWaitIsBounded(t *testing.T) {
+	t.Parallel()
+	const wait = time.Second
+	for _, op := range []struct {
+		name string
+		run  func(ctx context.Context, exec idem.Executor, cp *idem.ClaimParams) error
+	}{
+		{"Takeover", func(ctx context.Context, exec idem.Executor, cp *idem.ClaimParams) error {
+			p := takeoverOf(cp, idem.TakeoverReserved, pinnedNow)
+			p.WaitTimeout = wait
+			return exec.Takeover(ctx, p)
+		}},
+		{"RenewLease", func(ctx context.Context, exec idem.Executor, cp *idem.ClaimParams) error {
+			_, err := exec.RenewLease(ctx, &idem.RenewLeaseParams{
+				Scope: cp.Scope, Key: cp.Key, Token: cp.Token, NewToken: cp.Token,
+				Duration: time.Minute, WaitTimeout: wait, Now: &pinnedNow,
+			})
+			return err
+		}},
+	} {
+		for _, path := range claimPaths {
+			for _, inTx := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/%s/inTx=%v", op.name, path.name, inTx), func(t *testing.T) {
+					t.Parallel()
+					ctx, b := setup(t, path.new, true)
+					cp := claimAt(ctx, t, b.d.DB(), "k", stateProcessing, pinnedNow)
+					holder := b.begin(ctx, t)
+					var k []byte
+					require.NoError(t, holder.QueryRowContext(ctx,
+						"SELECT idempotency_key FROM idempotency_keys WHERE scope = ? AND idempotency_key = ? FOR UPDATE",
+						[]byte(cp.Scope), []byte(cp.Key)).Scan(&k))
+
+					exec := b.d.DB()
+					var tx *sql.Tx
+					if inTx {
+						tx = b.begin(ctx, t)
+						_, err := tx.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = 7")
+						require.NoError(t, err)
+						exec = b.d.Tx(tx)
+					}
+					start := time.Now()
+					err := op.run(ctx, exec, cp)
+					elapsed := time.Since(start)
+					var ip *idem.InProgressError
+					require.ErrorAs(t, err, &ip)
+					require.Equal(t, wait, ip.RetryAfter)
+					require.False(t, ip.TxAborted)
+					var myErr *gomysql.MySQLError
+					require.ErrorAs(t, err, &myErr)
+					require.EqualValues(t, 1205, myErr.Number)
+					require.GreaterOrEqual(t, elapsed, wait-50*time.Millisecond)
+					require.Less(t, elapsed, 3*time.Second)
+
+					if inTx {
+						require.Equal(t, 7, lockWait(ctx, t, tx), "the session's own setting is back")
+						require.NoError(t, b.insertOrder(ctx, tx, "after-timeout"))
+						require.NoError(t, b.d.Commit(ctx, tx))
+						n, err := b.countOrders(ctx, "after-timeout")
+						require.NoError(t, err)
+						require.Equal(t, 1, n)
+					}
+					// Once the holder is gone, the same call goes through.
+					require.NoError(t, b.d.Rollback(ctx, holder))
+					require.NoError(t, op.run(ctx, b.d.DB(), cp))
+				})
+			}
+		}
+	}
+}
+
+// TestRenewLeaseConditionsAndRetention: OnlyIfExpired renews only a lease
+// that ran out; a renewal never leaves the retention deadline before the
+// new lease expiry, and never brings it forward.
+func TestRenewLeaseConditionsAndRetention(t *testing.T) {
+	t.Parallel()
+	at := pinnedNow.UTC().Truncate(time.Microsecond)
+	renewAt := func(cp *idem.ClaimParams, after, d time.Duration, onlyIfExpired bool) *idem.RenewLeaseParams {
+		now := pinnedNow.Add(after)
+		return &idem.RenewLeaseParams{
+			Scope: cp.Scope, Key: cp.Key, Token: cp.Token, NewToken: cp.Token, Duration: d,
+			OnlyIfExpired: onlyIfExpired, WaitTimeout: time.Second, Now: &now,
+		}
+	}
+	for _, interpolate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("interpolateParams=%v", interpolate), func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, idemmysql.New, interpolate)
+			exec := b.d.DB()
+
+			// OnlyIfExpired: lease until at+1m.
+			cp := claimAt(ctx, t, exec, "only", stateProcessing, pinnedNow)
+			before := b.stored(ctx, t, "only")
+			_, err := exec.RenewLease(ctx, renewAt(cp, 30*time.Second, time.Minute, true))
+			require.ErrorIs(t, err, idem.ErrFenced, "the lease is live")
+			require.Equal(t, before, b.stored(ctx, t, "only"))
+			reserve := renewAt(cp, time.Minute, 2*time.Minute, true) // lease_expires_at <= now
+			reserve.NewToken = lastToken.Add(1)
+			got, err := exec.RenewLease(ctx, reserve)
+			require.NoError(t, err)
+			require.Equal(t, at.Add(3*time.Minute), got)
+			rec := b.stored(ctx, t, "only")
+			require.Equal(t, reserve.NewToken, rec.Token)
+			require.Equal(t, got, rec.LeaseExpiresAt)
+			// Repeated, it finds the old token gone.
+			_, err = exec.RenewLease(ctx, reserve)
+			require.ErrorIs(t, err, idem.ErrFenced)
+			// The same reservation with the new token finds a live lease,
+			// even though the row already holds what it would write.
+			again := *reserve
+			again.Token = reserve.NewToken
+			_, err = exec.RenewLease(ctx, &again)
+			require.ErrorIs(t, err, idem.ErrFenced)
+			require.Equal(t, rec, b.stored(ctx, t, "only"))
+
+			// Retention: until at+1h.
+			cp = claimAt(ctx, t, exec, "long", stateProcessing, pinnedNow)
+			got, err = exec.RenewLease(ctx, renewAt(cp, 10*time.Minute, 2*time.Hour, false))
+			require.NoError(t, err)
+			require.Equal(t, at.Add(2*time.Hour+10*time.Minute), got)
+			rec = b.stored(ctx, t, "long")
+			require.Equal(t, got, rec.LeaseExpiresAt)
+			require.Equal(t, got, rec.ExpiresAt, "retention moved to the lease expiry")
+			got, err = exec.RenewLease(ctx, renewAt(cp, 20*time.Minute, time.Minute, false))
+			require.NoError(t, err)
+			require.Equal(t, at.Add(21*time.Minute), got)
+			rec = b.stored(ctx, t, "long")
+			require.Equal(t, got, rec.LeaseExpiresAt)
+			require.Equal(t, at.Add(2*time.Hour+10*time.Minute), rec.ExpiresAt, "retention never brought forward")
+		})
+	}
+}
+
+// TestReleaseOnlyIfLeaseExpired: with OnlyIfLeaseExpired, a live lease
+// keeps its record, by the pinned clock and by the server's.
+func TestReleaseOnlyIfLeaseExpired(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, idemmysql.New, true)
+	exec := b.d.DB()
+	release := func(cp *idem.ClaimParams, now *time.Time) error {
+		return exec.Release(ctx, &idem.ReleaseParams{
+			Scope: cp.Scope, Key: cp.Key, Token: cp.Token, OnlyIfLeaseExpired: true, Now: now,
+		})
+	}
+	exists := func(key string) bool {
+		t.Helper()
+		past := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+		_, err := exec.Get(ctx, &idem.GetParams{Scope: "t1/create", Key: key, Now: &past})
+		if errors.Is(err, idem.ErrNotFound) {
+			return false
+		}
+		require.NoError(t, err)
+		return true
+	}
+
+	cp := claimAt(ctx, t, exec, "pinned", stateProcessing, pinnedNow) // lease until +1m
+	live, expired := pinnedNow.Add(30*time.Second), pinnedNow.Add(time.Minute)
+	require.ErrorIs(t, release(cp, &live), idem.ErrFenced)
+	require.True(t, exists("pinned"))
+	require.NoError(t, release(cp, &expired))
+	require.False(t, exists("pinned"))
+
+	// The server's clock: a lease claimed by it is live, one claimed in
+	// 2031 too.
+	cp = claimParams("db")
+	_, err := exec.Claim(ctx, cp)
+	require.NoError(t, err)
+	require.ErrorIs(t, release(cp, nil), idem.ErrFenced)
+	require.True(t, exists("db"))
+	cp2031 := claimAt(ctx, t, exec, "db-2031", stateProcessing, pinnedNow)
+	require.ErrorIs(t, release(cp2031, nil), idem.ErrFenced)
+	require.NoError(t, release(cp, &expired)) // 2031: past the lease
+	require.False(t, exists("db"))
+
+	// Without the flag, a live lease is released.
+	cp = claimAt(ctx, t, exec, "plain", stateProcessing, pinnedNow)
+	require.NoError(t, exec.Release(ctx, &idem.ReleaseParams{Scope: cp.Scope, Key: cp.Key, Token: cp.Token, Now: &live}))
+	require.False(t, exists("plain"))
+}
+
+// TestReplayInTwoOpenTransactions: a claim that finds a completed record
+// takes a shared lock on it, so any number of open transactions replay the
+// same key side by side, and so do the pool and Do.
+func TestReplayInTwoOpenTransactions(t *testing.T) {
+	t.Parallel()
+	for _, path := range claimPaths {
+		t.Run(path.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, path.new, true)
+			store := b.store(t, &idem.Config{WaitTimeout: 5 * time.Second})
+			c, err := store.Claim(ctx, "t1/create", "k", idem.NewFingerprint())
+			require.NoError(t, err)
+			require.NoError(t, store.Complete(ctx, c, &idem.Response{StatusCode: http.StatusCreated, Body: []byte("done")}))
+
+			replay := func(c *idem.Claim, err error) {
+				t.Helper()
+				require.NoError(t, err)
+				require.False(t, c.Acquired())
+				require.Equal(t, []byte("done"), c.Replay.Response.Body)
+			}
+			start := time.Now()
+			tx1, tx2 := b.begin(ctx, t), b.begin(ctx, t)
+			replay(store.ClaimTx(ctx, tx1, "t1/create", "k", idem.NewFingerprint()))
+			replay(store.ClaimTx(ctx, tx2, "t1/create", "k", idem.NewFingerprint()))
+			replay(store.Claim(ctx, "t1/create", "k", idem.NewFingerprint()))
+			res, err := store.Do(ctx, "t1/create", "k", idem.NewFingerprint(), func(context.Context, *sql.Tx) (*idem.Response, error) {
+				return nil, errors.New("must not run")
+			})
+			require.NoError(t, err)
+			require.True(t, res.Replayed)
+			require.Less(t, time.Since(start), time.Second, "replays must not wait for each other")
+			require.NoError(t, b.d.Commit(ctx, tx1))
+			require.NoError(t, b.d.Commit(ctx, tx2))
+		})
+	}
+}
+
+// TestClaimLocksUntilTransactionEnds: the claim's duplicate check and read
+// leave a shared lock on an existing record until the transaction ends:
+// other shared readers pass, writers wait. The duplicate key error rolls
+// back only its statement: the transaction's earlier and later writes
+// commit.
+func TestClaimLocksUntilTransactionEnds(t *testing.T) {
+	t.Parallel()
+	for _, path := range claimPaths {
+		t.Run(path.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, path.new, true)
+			store := b.store(t, &idem.Config{WaitTimeout: 5 * time.Second})
+			c, err := store.Claim(ctx, "t1/create", "k", idem.NewFingerprint())
+			require.NoError(t, err)
+			require.NoError(t, store.Complete(ctx, c, &idem.Response{StatusCode: http.StatusCreated}))
+
+			tx := b.begin(ctx, t)
+			require.NoError(t, b.insertOrder(ctx, tx, "before"))
+			replay, err := store.ClaimTx(ctx, tx, "t1/create", "k", idem.NewFingerprint())
+			require.NoError(t, err)
+			require.False(t, replay.Acquired())
+			require.NoError(t, b.insertOrder(ctx, tx, "after"))
+
+			other := b.begin(ctx, t)
+			_, err = other.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = 1")
+			require.NoError(t, err)
+			lock := func(mode string) error {
+				var k []byte
+				return other.QueryRowContext(ctx,
+					"SELECT idempotency_key FROM idempotency_keys WHERE scope = ? AND idempotency_key = ? "+mode,
+					[]byte("t1/create"), []byte("k")).Scan(&k)
+			}
+			require.NoError(t, lock("LOCK IN SHARE MODE"))
+			require.NoError(t, b.d.Rollback(ctx, other)) // drop its shared lock
+			other = b.begin(ctx, t)
+			_, err = other.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = 1")
+			require.NoError(t, err)
+			err = lock("FOR UPDATE")
+			var myErr *gomysql.MySQLError
+			require.ErrorAs(t, err, &myErr)
+			require.EqualValues(t, 1205, myErr.Number)
+
+			require.NoError(t, b.d.Commit(ctx, tx))
+			require.NoError(t, lock("FOR UPDATE"), "the lock ends with the transaction")
+			for _, ref := range []string{"before", "after"} {
+				n, err := b.countOrders(ctx, ref)
+				require.NoError(t, err)
+				require.Equal(t, 1, n, ref)
+			}
+		})
+	}
+}
+
+// TestWaitersWhenHolderRollsBack: several transactions wait for one
+// uncommitted claim; when it rolls back, one of them acquires the key.
+// Each of the others either is a deadlock victim (1213, ErrRetryable: InnoDB
+// rolled its transaction back) or waits for the new holder and replays its
+// result. None is left hanging, none acquires a second time.
+func TestWaitersWhenHolderRollsBack(t *testing.T) {
+	t.Parallel()
+	for _, path := range claimPaths {
+		t.Run(path.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, path.new, true)
+			store := b.store(t, &idem.Config{WaitTimeout: 10 * time.Second})
+			holder := b.begin(ctx, t)
+			_, err := store.ClaimTx(ctx, holder, "t1/create", "k", idem.NewFingerprint())
+			require.NoError(t, err)
+
+			const waiters = 4
+			type outcome struct {
+				acquired, replayed, retryable bool
+				err                           error
+			}
+			outcomes := make(chan outcome, waiters)
+			for range waiters {
+				tx := b.begin(ctx, t)
+				go func() {
+					c, err := store.ClaimTx(ctx, tx, "t1/create", "k", idem.NewFingerprint())
+					var o outcome
+					switch {
+					case err == nil && c.Acquired():
+						o.acquired = true
+						if err := store.CompleteTx(ctx, tx, c, &idem.Response{StatusCode: http.StatusCreated}); err != nil {
+							o.err = err
+						} else {
+							o.err = b.d.Commit(ctx, tx)
+						}
+					case err == nil:
+						o.replayed = true
+					default:
+						var myErr *gomysql.MySQLError
+						o.retryable = errors.Is(err, idem.ErrRetryable) && errors.As(err, &myErr) && myErr.Number == 1213
+						if !o.retryable {
+							o.err = err
+						}
+					}
+					_ = b.d.Rollback(context.WithoutCancel(ctx), tx)
+					outcomes <- o
+				}()
+			}
+			time.Sleep(500 * time.Millisecond) // let them all wait
+			require.NoError(t, b.d.Rollback(ctx, holder))
+
+			var acquired, replayed, retryable int
+			for range waiters {
+				select {
+				case o := <-outcomes:
+					require.NoError(t, o.err)
+					switch {
+					case o.acquired:
+						acquired++
+					case o.replayed:
+						replayed++
+					case o.retryable:
+						retryable++
+					}
+				case <-time.After(8 * time.Second):
+					t.Fatal("a waiter is still waiting")
+				}
+			}
+			require.Equal(t, 1, acquired)
+			require.Equal(t, waiters-1, replayed+retryable)
+			t.Logf("after the rollback: 1 acquired, %d replayed, %d deadlock victims", replayed, retryable)
+			rec, err := store.Get(ctx, "t1/create", "k")
+			require.NoError(t, err)
+			require.Equal(t, idem.StatusSucceeded, rec.Status)
+		})
+	}
+}
+
+// TestCancelledWaitLeavesNothing: a pool claim cancelled while it waits for
+// an uncommitted holder returns context.Canceled and leaves neither a
+// record, once the holder rolls back, nor a connection with a shortened lock
+// wait timeout in the pool.
+func TestCancelledWaitLeavesNothing(t *testing.T) {
+	t.Parallel()
+	for _, path := range claimPaths {
+		t.Run(path.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, path.new, true)
+			store := b.store(t, &idem.Config{WaitTimeout: 5 * time.Second})
+			holder := b.begin(ctx, t)
+			_, err := store.ClaimTx(ctx, holder, "t1/create", "k", idem.NewFingerprint())
+			require.NoError(t, err)
+
+			pool := testServer(t).connect(t, b.name, true)
+			pool.SetMaxOpenConns(1)
+			poolStore, err := idem.New(path.new(pool), &idem.Config{WaitTimeout: 5 * time.Second})
+			require.NoError(t, err)
+			before := lockWait(ctx, t, pool)
+			cctx, cancel := context.WithCancel(ctx)
+			time.AfterFunc(300*time.Millisecond, cancel)
+			_, err = poolStore.Claim(cctx, "t1/create", "k", idem.NewFingerprint())
+			require.ErrorIs(t, err, context.Canceled)
+			require.NotErrorIs(t, err, idem.ErrStoreUnavailable)
+			require.Equal(t, before, lockWait(ctx, t, pool))
+
+			require.NoError(t, b.d.Rollback(ctx, holder))
+			time.Sleep(200 * time.Millisecond) // let the server notice the closed connection
+			n, err := b.countRecords(ctx)
+			require.NoError(t, err)
+			require.Zero(t, n, "the cancelled claim committed a record")
+		})
+	}
+}
+
+// TestNilTx: a nil *sql.Tx gives errors, not panics.
+func TestNilTx(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, idemmysql.New, true)
+	exec := b.d.Tx(nil)
+	_, err := exec.Claim(ctx, claimParams("k"))
+	require.Error(t, err)
+	require.Error(t, exec.Takeover(ctx, &idem.TakeoverParams{Condition: idem.TakeoverReserved}))
+	_, err = exec.Get(ctx, &idem.GetParams{})
+	require.Error(t, err)
+	require.Error(t, exec.Complete(ctx, &idem.CompleteParams{}))
+	require.Error(t, exec.Release(ctx, &idem.ReleaseParams{}))
+	_, err = exec.RenewLease(ctx, &idem.RenewLeaseParams{})
+	require.Error(t, err)
+	_, _, err = exec.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 1})
+	require.Error(t, err)
+	_, err = exec.DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: 1})
+	require.Error(t, err)
+	require.Error(t, b.d.Commit(ctx, nil))
+	require.Error(t, b.d.Rollback(ctx, nil))
+
+	store := b.store(t, nil)
+	_, err = store.ClaimTx(ctx, nil, "t1/create", "k", idem.NewFingerprint())
+	require.Error(t, err)
+	n, err := b.countRecords(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+// TestConcurrentTakeoversOfExpiredKey: two transactions whose claims both
+// found the same expired record hold shared locks on it, so their takeovers
+// deadlock: InnoDB rolls one back (1213, ErrRetryable) and the other takes
+// the key over.
+func TestConcurrentTakeoversOfExpiredKey(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, idemmysql.New, true)
+	cp := claimAt(ctx, t, b.d.DB(), "k", stateCompleted, pinnedNow)
+	now := pinnedNow.Add(2 * time.Hour)
+	tx1, tx2 := b.begin(ctx, t), b.begin(ctx, t)
+	for _, tx := range []*sql.Tx{tx1, tx2} {
+		p := claimParams("k")
+		p.Now = &now
+		res, err := b.d.Tx(tx).Claim(ctx, p)
+		require.NoError(t, err)
+		require.False(t, res.Created)
+		require.Equal(t, cp.Token, res.Record.Token)
+	}
+	p1, p2 := takeoverOf(cp, idem.TakeoverRetentionExpired, now), takeoverOf(cp, idem.TakeoverRetentionExpired, now)
+	errc := make(chan error, 1)
+	go func() { errc <- b.d.Tx(tx1).Takeover(ctx, p1) }()
+	time.Sleep(300 * time.Millisecond) // let the first one wait for tx2's lock
+	err2 := b.d.Tx(tx2).Takeover(ctx, p2)
+	err1 := <-errc
+
+	winner, winnerTx, victim := p1, tx1, err2
+	if err1 != nil {
+		winner, winnerTx, victim = p2, tx2, err1
+	}
+	require.ErrorIs(t, victim, idem.ErrRetryable)
+	var myErr *gomysql.MySQLError
+	require.ErrorAs(t, victim, &myErr)
+	require.EqualValues(t, 1213, myErr.Number)
+	require.NoError(t, b.d.Commit(ctx, winnerTx))
+	require.Equal(t, winner.NewToken, b.stored(ctx, t, "k").Token)
+}
+
+// TestChangedSinceSnapshotIsRetryable: with MariaDB's
+// innodb_snapshot_isolation=ON (the default from 11.6), a claim in a
+// transaction whose snapshot predates a change to the record fails with
+// 1020 and the server rolls the transaction back: ErrRetryable, like a
+// deadlock. Skipped where the variable does not exist (MySQL, MariaDB
+// before 10.6.18/10.11.8).
+func TestChangedSinceSnapshotIsRetryable(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, idemmysql.New, true)
+	store := b.store(t, nil)
+	c, err := store.Claim(ctx, "t1/create", "k", idem.NewFingerprint())
+	require.NoError(t, err)
+
+	tx := b.begin(ctx, t)
+	if _, err := tx.ExecContext(ctx, "SET SESSION innodb_snapshot_isolation = ON"); err != nil {
+		var myErr *gomysql.MySQLError
+		require.ErrorAs(t, err, &myErr)
+		require.EqualValues(t, 1193, myErr.Number, "unknown system variable")
+		t.Skip("the server has no innodb_snapshot_isolation")
+	}
+	// The setting stays on the connection, in this test's own pool.
+	var n int // fixes the snapshot: the record processing
+	require.NoError(t, tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM idempotency_keys").Scan(&n))
+	require.NoError(t, store.Complete(ctx, c, &idem.Response{StatusCode: http.StatusCreated}))
+
+	_, err = store.ClaimTx(ctx, tx, "t1/create", "k", idem.NewFingerprint())
+	require.ErrorIs(t, err, idem.ErrRetryable)
+	var myErr *gomysql.MySQLError
+	require.ErrorAs(t, err, &myErr)
+	require.EqualValues(t, 1020, myErr.Number)
 }

@@ -2,13 +2,13 @@ package mysql
 
 // SQL statements, one constant per statement. Every value is a bind
 // parameter; the only text ever added at run time is the integer lock wait
-// timeout in Executor.Claim's SET STATEMENT prefix (see claimMariaDB).
+// timeout in the SET STATEMENT prefix of the statements whose wait is bounded
+// (see executor.boundWait).
 //
 // The statements keep to SQL that both MySQL 8.0 and MariaDB 10.6 accept: no
 // RETURNING (MySQL lacks it), no INSERT IGNORE (it turns more than duplicates
-// into warnings, such as truncated values), nothing from the inserted row in
-// ON DUPLICATE KEY UPDATE (VALUES() is deprecated in MySQL, row aliases are
-// absent from MariaDB).
+// into warnings, such as truncated values), LOCK IN SHARE MODE rather than
+// FOR SHARE (MariaDB lacks it).
 
 // now is the statement's clock: the pinned time when the ? is not NULL, the
 // server's UTC clock otherwise. UTC_TIMESTAMP(6) is used, never NOW(), which
@@ -29,18 +29,24 @@ const recordColumns = `scope, idempotency_key, fingerprint, status, token, attem
 // scan type shows whether the DSN has parseTime=true and loc=UTC.
 const detectServer = `SELECT VERSION(), @@GLOBAL.innodb_rollback_on_timeout, UTC_TIMESTAMP(6)`
 
-// claimInsert inserts a processing record unless one exists for (scope, key).
-//
-// ON DUPLICATE KEY UPDATE with a no-op assignment instead of INSERT IGNORE:
-// only a duplicate key is absorbed, every other error still fails the
-// statement. With the driver's default clientFoundRows=false, RowsAffected
-// is 1 for an insert and 0 for an existing row (an assignment that changes
-// nothing counts no rows). The no-op update takes an exclusive lock on the
-// existing row until the transaction ends, like the insert would have.
+// claimInsert inserts a processing record. When a record for (scope, key)
+// exists, it fails with error 1062 (ER_DUP_ENTRY), which Claim recognises by
+// number and absorbs; the error's message quotes the key, so it never leaves
+// the package. Neither INSERT IGNORE, which also turns errors other than
+// duplicates into warnings (a truncated value, for one), nor INSERT ... ON
+// DUPLICATE KEY UPDATE with a no-op assignment, which takes an exclusive lock
+// on the existing row: a caller's transaction keeps that lock until it ends,
+// so two transactions replaying the same completed key would queue behind
+// each other. A duplicate key error rolls back the statement only (the
+// transaction goes on) and leaves a shared record lock (no gap: the primary
+// key is unique) on the existing row, which replays share.
 //
 // When an uncommitted transaction holds the key, InnoDB makes the statement
 // wait: if the holder commits, the row is a duplicate; if it rolls back, the
-// insert proceeds. The wait is bounded by innodb_lock_wait_timeout.
+// insert proceeds. The wait is bounded by innodb_lock_wait_timeout. When
+// several statements wait and the holder rolls back, each of them holds a
+// shared lock where the row was and needs an exclusive one to insert: InnoDB
+// lets one insert and rolls the others back as deadlock victims (1213).
 //
 // Arguments: scope, key, fingerprint, status, token, now, lease µs, now, now,
 // now, retention µs.
@@ -49,25 +55,27 @@ const claimInsert = `INSERT INTO idempotency_keys (
 	lease_expires_at, created_at, updated_at, expires_at)
 VALUES (?, ?, ?, ?, ?, 1,
 	DATE_ADD(` + now + `, INTERVAL ? MICROSECOND), ` + now + `, ` + now + `,
-	DATE_ADD(` + now + `, INTERVAL ? MICROSECOND))
-ON DUPLICATE KEY UPDATE idempotency_key = idempotency_key`
+	DATE_ADD(` + now + `, INTERVAL ? MICROSECOND))`
 
 // claimSelect reads the record after claimInsert, with the server's time.
 //
-// FOR UPDATE makes it a locking read, which sees the latest committed row.
-// Under REPEATABLE READ a plain SELECT reads the transaction's snapshot,
+// LOCK IN SHARE MODE makes it a locking read, which sees the latest committed
+// row. Under REPEATABLE READ a plain SELECT reads the transaction's snapshot,
 // taken at its first read, which can predate the commit of the holder that
-// claimInsert waited for: the record would look absent.
+// claimInsert waited for: the record would look absent. A shared lock, not
+// FOR UPDATE, so that claimers that only replay do not wait for each other;
+// it is the lock claimInsert's duplicate check already took. (MySQL 8 also
+// spells it FOR SHARE, which MariaDB lacks.)
 //
 // Arguments: scope, key.
 const claimSelect = `SELECT ` + recordColumns + `, UTC_TIMESTAMP(6)
 FROM idempotency_keys
 WHERE scope = ? AND idempotency_key = ?
-FOR UPDATE`
+LOCK IN SHARE MODE`
 
-// setLockWait and restoreLockWait bound Claim's wait on MySQL, which has no
-// SET STATEMENT: the session value is saved in a user variable, replaced, and
-// put back after the claim, on the same connection.
+// setLockWait and restoreLockWait bound a statement's wait on MySQL, which
+// has no SET STATEMENT: the session value is saved in a user variable,
+// replaced, and put back afterwards, on the same connection.
 //
 // Argument of setLockWait: timeout in seconds.
 const (
@@ -76,18 +84,33 @@ const (
 )
 
 // takeover replaces the record with a new processing one while it still
-// carries the expected token. MySQL applies SET assignments left to right,
-// so no assignment may read a column assigned before it; none does.
+// carries the expected token; takeoverRetentionExpired and
+// takeoverLeaseExpired add the condition of idem.TakeoverCondition. MySQL
+// applies SET assignments left to right, so no assignment may read a column
+// assigned before it; none does.
+//
+// An UPDATE is a locking read: InnoDB evaluates the WHERE clause on the
+// newest committed version of the row, after waiting for a transaction that
+// holds it, never on the caller's snapshot. A holder that completed or
+// renewed meanwhile (keeping its token) therefore no longer matches, and is
+// not overwritten. Under READ COMMITTED, InnoDB first checks the newest
+// committed version without waiting ("semi-consistent read") and skips a row
+// that does not match; a row that matches is waited for and checked again.
 //
 // Arguments: new token, fingerprint, status, attempt, now, lease µs, now, now,
-// now, retention µs, scope, key, token.
-const takeover = `UPDATE idempotency_keys SET
+// now, retention µs, scope, key, token; then for takeoverRetentionExpired:
+// now; for takeoverLeaseExpired: processing status, now.
+const (
+	takeover = `UPDATE idempotency_keys SET
 	token = ?, fingerprint = ?, status = ?, attempt = ?,
 	lease_expires_at = DATE_ADD(` + now + `, INTERVAL ? MICROSECOND),
 	response_status = NULL, response_headers = NULL, response_body = NULL,
 	created_at = ` + now + `, updated_at = ` + now + `, completed_at = NULL,
 	expires_at = DATE_ADD(` + now + `, INTERVAL ? MICROSECOND)
 WHERE scope = ? AND idempotency_key = ? AND token = ?`
+	takeoverRetentionExpired = takeover + ` AND expires_at <= ` + now
+	takeoverLeaseExpired     = takeover + ` AND status = ? AND lease_expires_at <= ` + now
+)
 
 // get is a non-locking read of a live record.
 //
@@ -107,11 +130,124 @@ const complete = `UPDATE idempotency_keys SET
 	expires_at = DATE_ADD(` + now + `, INTERVAL ? MICROSECOND)
 WHERE scope = ? AND idempotency_key = ? AND token = ? AND status = ?`
 
-// release deletes a processing record that still carries the token.
+// release deletes a processing record that still carries the token;
+// releaseLeaseExpired only while its lease has run out, so that a holder
+// that renewed meanwhile keeps its key. Like an UPDATE, a DELETE evaluates
+// its WHERE clause on the newest committed row version.
 //
-// Arguments: scope, key, token, processing status.
-const release = `DELETE FROM idempotency_keys
+// Arguments: scope, key, token, processing status; then for
+// releaseLeaseExpired: now.
+const (
+	release = `DELETE FROM idempotency_keys
 WHERE scope = ? AND idempotency_key = ? AND token = ? AND status = ?`
+	releaseLeaseExpired = release + ` AND lease_expires_at <= ` + now
+)
+
+// clock reads the server's UTC clock. RenewLease and ListStaleLeases must
+// return the time they used, and MySQL has no RETURNING, so when no clock is
+// pinned they read it first and pass it to their statement as the pinned now.
+const clock = `SELECT UTC_TIMESTAMP(6)`
+
+// renewLease pushes out the lease of a processing record that still carries
+// the token, gives it the new token, and moves its retention deadline to the
+// new lease expiry if that is later, so that a processing record never
+// passes its retention deadline (and gets taken over or reaped) while its
+// lease is live. With the flag set (OnlyIfExpired) it also requires the
+// lease to have run out. The caller passes a known now (never NULL) and
+// computes the new lease_expires_at from it exactly as the statement does,
+// which is how it returns the stored value without RETURNING. The lease
+// expression is repeated in GREATEST rather than read back from the column:
+// MariaDB's SIMULTANEOUS_ASSIGNMENT sql_mode would give the old value.
+//
+// It can change nothing: a renewal with the same token, now and duration as
+// the previous one writes the values already stored, and with
+// clientFoundRows=false RowsAffected is then 0, as for a fenced renewal.
+// renewLeaseCheck tells the two apart.
+//
+// Arguments: new token, now, lease µs, now, now, lease µs, scope, key, token,
+// processing status, flag, now.
+const renewLease = `UPDATE idempotency_keys SET
+	token = ?, lease_expires_at = DATE_ADD(` + now + `, INTERVAL ? MICROSECOND),
+	updated_at = ` + now + `,
+	expires_at = GREATEST(expires_at, DATE_ADD(` + now + `, INTERVAL ? MICROSECOND))
+WHERE scope = ? AND idempotency_key = ? AND token = ? AND status = ?
+	AND (? = 0 OR lease_expires_at <= ` + now + `)`
+
+// renewLeaseCheck finds the record if renewLease's WHERE clause matches it
+// and it already holds what renewLease would have written, after renewLease
+// changed no row. Only called when the token is unchanged. A locking read:
+// in a caller's REPEATABLE READ transaction a plain SELECT would read the
+// transaction's snapshot, not the row version the UPDATE matched against
+// (whose lock the UPDATE already holds there).
+//
+// Arguments: scope, key, token, processing status, lease expiry, now, lease
+// expiry, flag, now.
+const renewLeaseCheck = `SELECT 1
+FROM idempotency_keys
+WHERE scope = ? AND idempotency_key = ? AND token = ? AND status = ?
+	AND lease_expires_at = CAST(? AS DATETIME(6)) AND updated_at = CAST(? AS DATETIME(6))
+	AND expires_at >= CAST(? AS DATETIME(6))
+	AND (? = 0 OR lease_expires_at <= CAST(? AS DATETIME(6)))
+FOR UPDATE`
+
+// listStaleLeases reads processing records whose lease has run out and whose
+// retention has not, oldest lease first. status = ? and lease_expires_at <= ?
+// make it a range scan of idempotency_keys_stale_lease_idx (status,
+// lease_expires_at), already in ORDER BY order, so no sort; expires_at is
+// checked on the rows the range yields. A consistent (non-locking) read: it
+// waits for no claim and blocks none. The caller passes a known now.
+//
+// Arguments: processing status, now, now, limit.
+const listStaleLeases = `SELECT ` + recordColumns + `
+FROM idempotency_keys
+WHERE status = ? AND lease_expires_at <= ` + now + ` AND expires_at > ` + now + `
+ORDER BY lease_expires_at
+LIMIT ?`
+
+// deleteExpired deletes up to limit records past their retention deadline,
+// oldest first, in one statement that never waits for a row lock.
+//
+// The plain form, DELETE ... WHERE expires_at <= ? ORDER BY expires_at
+// LIMIT ?, is not used. It locks every row it scans, and on a row that
+// another transaction holds (a claim taking over an expired key holds it
+// until its caller commits) it waits up to innodb_lock_wait_timeout, 50 s
+// by default, keeping the locks it already took: claims of those keys queue
+// behind it, and so does a second reaper. READ COMMITTED would only drop the
+// gap locks; the wait for a held row that matches stays.
+//
+// Here the derived table picks the keys with FOR UPDATE SKIP LOCKED (MySQL
+// 8.0+, MariaDB 10.6+): a range scan of idempotency_keys_expires_at_idx in
+// index order that locks each row it returns and passes over, without
+// waiting, each row another transaction holds. Two reapers therefore split
+// the expired rows between them. STRAIGHT_JOIN makes those keys drive the
+// delete through the primary key, so no other row is read or locked. The
+// LIMIT keeps the derived table materialised rather than merged, which is
+// also what allows a DELETE to read its own table (error 1093 otherwise).
+//
+// What it locks under REPEATABLE READ, InnoDB's default: for each deleted
+// row, a next-key lock on its expires_at index entry (the entry and the gap
+// below it, inside the expired range, where no write lands: records are
+// written with an expires_at in the future) and a record lock on its primary
+// key row. When fewer than limit rows are expired, InnoDB also locks the
+// first live index entry past the range, and its row, before it sees that
+// the range has ended (seen on MariaDB 10.11, and the plain form does the
+// same); if another transaction holds that row, it is skipped, not waited
+// for. Under READ COMMITTED the same, without the gaps. On the pool the
+// statement is its own transaction, so the locks last one statement; in a
+// caller's transaction, until it ends.
+//
+// Arguments: now, limit.
+const deleteExpired = `DELETE k
+FROM (
+	SELECT scope, idempotency_key
+	FROM idempotency_keys
+	WHERE expires_at <= ` + now + `
+	ORDER BY expires_at
+	LIMIT ?
+	FOR UPDATE SKIP LOCKED
+) AS d
+STRAIGHT_JOIN idempotency_keys AS k
+	ON k.scope = d.scope AND k.idempotency_key = d.idempotency_key`
 
 // Migration lock. GET_LOCK names are server-wide, so concurrent Migrate
 // calls against any database on the server take turns; each holds the lock

@@ -71,9 +71,24 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 			err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n)
 			return n, err
 		},
+		SeedExpired: func(ctx context.Context, n int, expiresAt time.Time) error {
+			_, err := pool.Exec(ctx, seedExpired, n, expiresAt)
+			return err
+		},
 		Close: pool.Close,
 	}
 }
+
+// seedExpired inserts succeeded records "seed"/"seed-0" ... "seed-<$1-1>",
+// completed an hour before their retention deadline $2, in one statement.
+const seedExpired = `INSERT INTO idempotency_keys (
+	scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
+	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at
+)
+SELECT 'seed', 'seed-' || i, decode(repeat('00', 32), 'hex'), 2, 1, 1, done,
+	200, NULL, ''::bytea, done, done, done, $2::timestamptz
+FROM generate_series(0, $1::integer - 1) AS i,
+	(SELECT $2::timestamptz - interval '1 hour' AS done) AS d`
 
 func (h *harness) Unreachable(_ context.Context, t *testing.T) idem.Dialect[pgx.Tx] {
 	t.Helper()

@@ -23,17 +23,37 @@
 //
 // # Claiming
 //
-// A claim is one round trip (plus one per connection to prepare its
-// statements under the default statement cache): a pgx batch that sets
-// lock_timeout for the duration of the claim, runs INSERT ... ON CONFLICT DO
-// NOTHING, restores the caller's lock_timeout and reads the record. An INSERT that meets an
-// uncommitted claim of the same key waits for that transaction; lock_timeout
-// bounds the wait to Config.WaitTimeout (rounded up to a whole millisecond).
-// When it runs out, PostgreSQL aborts the current transaction: a claim made
-// with a Tx method returns an *idem.InProgressError with TxAborted set, and the
-// caller must roll the transaction back. To keep the transaction usable,
-// claim in a savepoint (Begin on the pgx.Tx) and roll back to it. A claim
-// made on the pool leaves nothing behind.
+// A claim is a pgx batch that sets lock_timeout for the duration of the
+// claim, runs INSERT ... ON CONFLICT DO NOTHING, restores the caller's
+// lock_timeout and reads the record: one round trip with a Tx method, two on
+// the pool (plus one per connection to prepare its statements under the
+// default statement cache). On the pool, the batch begins a transaction and
+// the COMMIT follows once its results are in: a claim whose context ends
+// while it waits is then never committed, whereas a batch committed by the
+// server on its own would be, once the claim it waited for rolled back.
+//
+// An INSERT that meets an uncommitted claim of the same key waits for that
+// transaction; lock_timeout bounds the wait to Config.WaitTimeout (rounded
+// up to a whole millisecond). When it runs out, PostgreSQL aborts the
+// current transaction: a claim made with a Tx method returns an
+// *idem.InProgressError with TxAborted set, and the caller must roll the
+// transaction back. To keep the transaction usable, claim in a savepoint
+// (Begin on the pgx.Tx) and roll back to it. A claim made on the pool leaves
+// nothing behind. The driver's lock timeout error (SQLSTATE 55P03) is the
+// InProgressError's Cause.
+//
+// Taking over a record (past its retention, or past its lease with
+// Config.BlindTakeover or after a status check) and renewing a lease are
+// bounded the same way, in the same kind of batch: an UPDATE that meets a
+// transaction holding the record (a claim taking it over, a completion or
+// renewal not yet committed) waits for it up to Config.WaitTimeout, then
+// returns an *idem.InProgressError, with TxAborted set inside a caller's
+// transaction. Each of these UPDATEs, and the reaper's release of a stale
+// lease, states in its WHERE clause the condition that allowed it (retention
+// or lease run out) next to the fencing token. Under READ COMMITTED,
+// PostgreSQL re-evaluates that clause on the newest committed version of a
+// row it waited for, so a holder that completed or renewed its lease while
+// the takeover waited keeps its record.
 //
 // # Isolation levels
 //
@@ -56,10 +76,42 @@
 // max_prepared_statements for the default statement cache). Transaction
 // pooling is safe for the claim: its lock_timeout is set with
 // set_config(..., is_local => true), which is local to the transaction, and
-// the batch runs as one transaction when sent outside one. Run [Migrate]
+// on the pool the claim runs in a transaction of its own. Run [Migrate]
 // on a direct connection, or through session pooling: it serialises
 // concurrent runs with a session-level advisory lock, which transaction
 // pooling does not keep on one server connection.
+//
+// # Leases and the reaper
+//
+// Renewing a lease is one fenced UPDATE that returns the stored expiry. It
+// also moves the record's retention deadline out to the new lease expiry
+// when that comes later, so a lease kept alive past the retention period
+// keeps its record.
+// Listing stale leases is a plain read over the partial index of processing
+// records and takes no locks; when two reapers list the same record, the
+// fencing token decides which of their writes applies.
+//
+// Deleting expired records takes one statement per batch: it selects at most
+// the batch size of records in expires_at order with FOR UPDATE SKIP LOCKED,
+// in a materialized CTE, and deletes them by primary key. A record that an
+// open transaction holds locked (a claim taking it over, another reaper's
+// batch) is skipped, never waited for, and no record is locked that is not
+// deleted. On a small table the planner may find the batch by reading the
+// whole table instead of by primary key; it still locks only the batch.
+//
+// # Errors and cancellation
+//
+// A canceled context is reported as [context.Canceled], never as
+// [idem.ErrStoreUnavailable], also with a pgconn context watcher that cancels
+// through the server (pgconn.CancelRequestContextWatcherHandler), where pgx
+// reports a cancellation as the server's query_canceled error (57014).
+// query_canceled while the context is still live comes from the caller's
+// statement_timeout (or an administrator's pg_cancel_backend): the server did
+// not answer in time, and it matches [idem.ErrStoreUnavailable]. Inside a
+// transaction it aborts the transaction, like every server error.
+//
+// Tx(nil) returns an Executor whose every call fails; Commit and Rollback
+// of a nil transaction fail too.
 //
 // # Clock
 //

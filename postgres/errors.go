@@ -24,18 +24,20 @@ const (
 	classConnection          = "08"
 )
 
-// interpretError classifies an error from pgx. The driver's error stays
-// reachable through %w wrapping (errors.As(err, &pgErr) works); nothing is
-// added to the message that could carry a key, scope or body.
-func interpretError(err error) error {
+// interpretError classifies an error from a pgx call made with ctx. The
+// driver's error stays reachable through %w wrapping (errors.As(err, &pgErr)
+// works); nothing is added to the message that could carry a key, scope or
+// body.
+func interpretError(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.ErrNotFound
 	}
-	// pgconn reports a canceled context as context.Canceled itself, and a
-	// deadline as a timeout wrapping context.DeadlineExceeded.
+	// pgconn's default context watcher reports a canceled context as
+	// context.Canceled itself, and a deadline as a timeout wrapping
+	// context.DeadlineExceeded.
 	if errors.Is(err, context.Canceled) {
 		return fmt.Errorf("idem: postgres: %w", err)
 	}
@@ -45,7 +47,16 @@ func interpretError(err error) error {
 		case pgErr.Code == codeSerializationFailure, pgErr.Code == codeDeadlockDetected,
 			pgErr.Code == codeLockNotAvailable:
 			return fmt.Errorf("%w: %w", idem.ErrRetryable, err)
-		case pgErr.Code == codeQueryCanceled, // statement_timeout: no answer in time
+		case pgErr.Code == codeQueryCanceled && ctx.Err() != nil:
+			// A context watcher that sends a cancel request
+			// (pgconn.CancelRequestContextWatcherHandler) turns ctx's end
+			// into the server's query_canceled, which carries no context
+			// error: add it, so a cancellation stays one.
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return fmt.Errorf("idem: postgres: %w: %w", ctx.Err(), err)
+			}
+			return fmt.Errorf("%w: %w: %w", idem.ErrStoreUnavailable, ctx.Err(), err)
+		case pgErr.Code == codeQueryCanceled, // statement_timeout or an administrator's cancel: no answer in time
 			pgErr.Code == codeTooManyConnections,
 			pgErr.Code == codeAdminShutdown, pgErr.Code == codeCrashShutdown,
 			pgErr.Code == codeCannotConnectNow,

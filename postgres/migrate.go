@@ -29,7 +29,7 @@ import (
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	var schema string
 	if err := pool.QueryRow(ctx, migrationLockSchema).Scan(&schema); err != nil {
-		return fmt.Errorf("idem: postgres: migrate: %w", interpretError(err))
+		return fmt.Errorf("idem: postgres: migrate: %w", interpretError(ctx, err))
 	}
 	locker, err := lock.NewPostgresSessionLocker(
 		lock.WithLockID(migrationLockID(schema)),

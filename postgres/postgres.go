@@ -34,19 +34,27 @@ func New(pool *pgxpool.Pool) *Dialect {
 func (d *Dialect) Name() string { return "postgres" }
 
 // DB returns an Executor that runs each statement on the pool, outside any
-// transaction.
+// caller transaction.
 func (d *Dialect) DB() idem.Executor { return &executor{db: d.pool} }
 
+// errNilTx is returned for a nil pgx.Tx instead of a nil-pointer panic.
+var errNilTx = errors.New("idem: postgres: nil pgx.Tx")
+
 // Tx returns an Executor that runs inside tx. It never commits or rolls back
-// tx.
-func (d *Dialect) Tx(tx pgx.Tx) idem.Executor { return &executor{db: tx, inTx: true} }
+// tx. For a nil tx, every call of the Executor fails.
+func (d *Dialect) Tx(tx pgx.Tx) idem.Executor {
+	if tx == nil {
+		return failedExecutor{err: errNilTx}
+	}
+	return &executor{db: tx, inTx: true}
+}
 
 // Begin starts a transaction on the pool with the server's default isolation
 // level (READ COMMITTED unless configured otherwise).
 func (d *Dialect) Begin(ctx context.Context) (pgx.Tx, error) {
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, interpretError(ctx, err)
 	}
 	return tx, nil
 }
@@ -54,14 +62,20 @@ func (d *Dialect) Begin(ctx context.Context) (pgx.Tx, error) {
 // Commit commits tx. A serialization failure at commit matches
 // [idem.ErrRetryable]; a lost connection matches [idem.ErrStoreUnavailable].
 func (d *Dialect) Commit(ctx context.Context, tx pgx.Tx) error {
-	return interpretError(tx.Commit(ctx))
+	if tx == nil {
+		return errNilTx
+	}
+	return interpretError(ctx, tx.Commit(ctx))
 }
 
 // Rollback rolls tx back; rolling back a committed or rolled back
 // transaction returns nil.
 func (d *Dialect) Rollback(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil {
+		return errNilTx
+	}
 	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		return interpretError(err)
+		return interpretError(ctx, err)
 	}
 	return nil
 }
@@ -70,6 +84,7 @@ func (d *Dialect) Rollback(ctx context.Context, tx pgx.Tx) error {
 // connection.
 type dbtx interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
@@ -83,75 +98,74 @@ var (
 // executor implements idem.Executor on one dbtx.
 type executor struct {
 	db dbtx
-	// inTx is true inside a caller's transaction, which a claim wait timeout
-	// aborts.
+	// inTx is true inside a caller's transaction, which a wait timeout
+	// aborts. Outside one, each bounded batch runs in a transaction of its
+	// own.
 	inTx bool
 }
 
 var _ idem.Executor = (*executor)(nil)
 
-// Claim runs the claim batch in one round trip; see queries.go.
+// Claim runs the claim batch: one round trip inside a caller's transaction,
+// two on the pool (see queries.go).
 func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimResult, error) {
 	now := pinnedNow(p.Now)
-	b := &pgx.Batch{}
-	b.Queue(claimSaveLockTimeout)
-	b.Queue(claimSetLockTimeout, lockTimeout(p.WaitTimeout))
-	b.Queue(claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
+	b := e.boundedBatch(p.WaitTimeout, claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
 		p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now)
-	b.Queue(claimRestoreLockTimeout)
 	b.Queue(claimRead, p.Scope, p.Key, now)
 
-	br := e.db.SendBatch(ctx, b)
-	res, err := e.readClaim(br, p)
-	if closeErr := br.Close(); err == nil && closeErr != nil {
-		return nil, interpretError(closeErr)
-	}
-	return res, err
-}
-
-// readClaim reads the results of the claim batch in order.
-func (e *executor) readClaim(br pgx.BatchResults, p *idem.ClaimParams) (*idem.ClaimResult, error) {
-	for range 2 { // save and set lock_timeout
-		if _, err := br.Exec(); err != nil {
-			return nil, interpretError(err)
-		}
-	}
-
 	created := true
-	var token int64
-	switch err := br.QueryRow().Scan(&token); {
-	case errors.Is(err, pgx.ErrNoRows):
-		created = false
-	case isPgCode(err, codeLockNotAvailable):
-		// The holder did not finish within WaitTimeout. Inside a caller's
-		// transaction the error aborted it; outside one, the batch's
-		// implicit transaction rolled back and nothing is left behind.
-		return nil, &idem.InProgressError{RetryAfter: p.WaitTimeout, TxAborted: e.inTx}
-	case err != nil:
-		return nil, interpretError(err)
-	}
-
-	if _, err := br.Exec(); err != nil { // restore lock_timeout
-		return nil, interpretError(err)
-	}
-
-	var now time.Time
-	rec, err := scanRecord(br.QueryRow(), &now)
+	var res *idem.ClaimResult
+	err := e.sendBounded(ctx, b, p.WaitTimeout, func(br pgx.BatchResults) error {
+		var token int64
+		err := br.QueryRow().Scan(&token)
+		if errors.Is(err, pgx.ErrNoRows) { // a record exists
+			created = false
+			return nil
+		}
+		return err
+	}, func(br pgx.BatchResults) error {
+		var now time.Time
+		rec, err := scanRecord(ctx, br.QueryRow(), &now)
+		if err != nil {
+			return err
+		}
+		res = &idem.ClaimResult{Record: rec, Created: created, Now: now.UTC()}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	return &idem.ClaimResult{Record: rec, Created: created, Now: now.UTC()}, nil
+	return res, nil
 }
 
-// Takeover replaces the record while it still carries p.Token.
+// Takeover replaces the record while it still carries p.Token and meets
+// p.Condition, in one batch that bounds the wait for another transaction
+// holding the record.
 func (e *executor) Takeover(ctx context.Context, p *idem.TakeoverParams) error {
 	if p.Attempt < 1 || p.Attempt > math.MaxInt32 {
 		return fmt.Errorf("idem: postgres: attempt %d out of range", p.Attempt)
 	}
-	tag, err := e.db.Exec(ctx, takeover, p.Scope, p.Key, p.Token, p.NewToken, p.Fingerprint[:],
-		int32(p.Attempt), p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), pinnedNow(p.Now))
+	var retentionExpired, leaseExpired bool
+	switch p.Condition {
+	case idem.TakeoverRetentionExpired:
+		retentionExpired = true
+	case idem.TakeoverLeaseExpired:
+		leaseExpired = true
+	case idem.TakeoverReserved:
+	default:
+		return fmt.Errorf("idem: postgres: unknown takeover condition %d", p.Condition)
+	}
+	b := e.boundedBatch(p.WaitTimeout, takeover, p.Scope, p.Key, p.Token, p.NewToken, p.Fingerprint[:],
+		int32(p.Attempt), p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), pinnedNow(p.Now),
+		retentionExpired, leaseExpired)
+	var tag pgconn.CommandTag
+	err := e.sendBounded(ctx, b, p.WaitTimeout, func(br pgx.BatchResults) (err error) {
+		tag, err = br.Exec()
+		return err
+	}, nil)
 	if err != nil {
-		return interpretError(err)
+		return err
 	}
 	if tag.RowsAffected() == 0 {
 		return idem.ErrFenced
@@ -161,7 +175,7 @@ func (e *executor) Takeover(ctx context.Context, p *idem.TakeoverParams) error {
 
 // Get reads a live record without locking it.
 func (e *executor) Get(ctx context.Context, p *idem.GetParams) (*idem.Record, error) {
-	return scanRecord(e.db.QueryRow(ctx, get, p.Scope, p.Key, pinnedNow(p.Now)))
+	return scanRecord(ctx, e.db.QueryRow(ctx, get, p.Scope, p.Key, pinnedNow(p.Now)))
 }
 
 // Complete stores the response while the record is processing and carries
@@ -185,7 +199,7 @@ func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
 	tag, err := e.db.Exec(ctx, complete, p.Scope, p.Key, p.Token, int16(p.Status),
 		int32(resp.StatusCode), header, body, p.Retention.Microseconds(), pinnedNow(p.Now))
 	if err != nil {
-		return interpretError(err)
+		return interpretError(ctx, err)
 	}
 	if tag.RowsAffected() == 0 {
 		return idem.ErrFenced
@@ -193,11 +207,12 @@ func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
 	return nil
 }
 
-// Release deletes the record while it is processing and carries p.Token.
+// Release deletes the record while it is processing and carries p.Token
+// (and, with p.OnlyIfLeaseExpired, its lease has run out).
 func (e *executor) Release(ctx context.Context, p *idem.ReleaseParams) error {
-	tag, err := e.db.Exec(ctx, release, p.Scope, p.Key, p.Token)
+	tag, err := e.db.Exec(ctx, release, p.Scope, p.Key, p.Token, p.OnlyIfLeaseExpired, pinnedNow(p.Now))
 	if err != nil {
-		return interpretError(err)
+		return interpretError(ctx, err)
 	}
 	if tag.RowsAffected() == 0 {
 		return idem.ErrFenced
@@ -205,8 +220,170 @@ func (e *executor) Release(ctx context.Context, p *idem.ReleaseParams) error {
 	return nil
 }
 
-// scanRecord scans one row of recordColumns followed by extra destinations.
-func scanRecord(row pgx.Row, extra ...any) (*idem.Record, error) {
+// RenewLease pushes the lease out and sets the new token while the record is
+// processing and carries p.Token (and, with p.OnlyIfExpired, its lease has
+// run out), in one batch that bounds the wait for another transaction
+// holding the record. The expiry it returns is the one stored, read back
+// with RETURNING.
+func (e *executor) RenewLease(ctx context.Context, p *idem.RenewLeaseParams) (time.Time, error) {
+	b := e.boundedBatch(p.WaitTimeout, renewLease, p.Scope, p.Key, p.Token, p.NewToken,
+		p.Duration.Microseconds(), pinnedNow(p.Now), p.OnlyIfExpired)
+	var (
+		leaseExpiresAt time.Time
+		fenced         bool
+	)
+	err := e.sendBounded(ctx, b, p.WaitTimeout, func(br pgx.BatchResults) error {
+		err := br.QueryRow().Scan(&leaseExpiresAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			fenced = true
+			return nil
+		}
+		return err
+	}, nil)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if fenced {
+		return time.Time{}, idem.ErrFenced
+	}
+	return leaseExpiresAt.UTC(), nil
+}
+
+// ListStaleLeases reads up to p.Limit processing records whose lease ran out,
+// oldest lease first, without locking them.
+func (e *executor) ListStaleLeases(ctx context.Context, p *idem.ListStaleLeasesParams) ([]*idem.Record, time.Time, error) {
+	if p.Limit < 1 {
+		return nil, time.Time{}, fmt.Errorf("idem: postgres: limit %d out of range", p.Limit)
+	}
+	rows, err := e.db.Query(ctx, listStaleLeases, pinnedNow(p.Now), int64(p.Limit))
+	if err != nil {
+		return nil, time.Time{}, interpretError(ctx, err)
+	}
+	defer rows.Close()
+	var (
+		recs []*idem.Record
+		now  time.Time
+	)
+	for rows.Next() {
+		if rows.RawValues()[0] == nil {
+			// No stale lease: the one row holds NULL record columns and
+			// the clock (see listStaleLeases). A nil destination skips a
+			// column.
+			dest := make([]any, len(rows.FieldDescriptions()))
+			dest[len(dest)-1] = &now
+			if err := rows.Scan(dest...); err != nil {
+				return nil, time.Time{}, interpretError(ctx, err)
+			}
+			continue
+		}
+		rec, err := scanRecord(ctx, rows, &now)
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		recs = append(recs, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, time.Time{}, interpretError(ctx, err)
+	}
+	return recs, now.UTC(), nil
+}
+
+// DeleteExpired deletes up to p.Limit records past their retention deadline,
+// skipping rows other transactions hold locked.
+func (e *executor) DeleteExpired(ctx context.Context, p *idem.DeleteExpiredParams) (int, error) {
+	if p.Limit < 1 {
+		return 0, fmt.Errorf("idem: postgres: limit %d out of range", p.Limit)
+	}
+	tag, err := e.db.Exec(ctx, deleteExpired, pinnedNow(p.Now), int64(p.Limit))
+	if err != nil {
+		return 0, interpretError(ctx, err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// rollbackTimeout bounds the rollback of the transaction a bounded batch
+// begins on the pool, after an error.
+const rollbackTimeout = 5 * time.Second
+
+// boundedBatch returns a batch that runs sql with its lock waits bounded by
+// wait: save the caller's lock_timeout, set ours, sql, restore. Statements
+// queued after it run with the caller's lock_timeout. On the pool, the batch
+// begins a transaction, which sendBounded commits in a second round trip
+// (see queries.go).
+func (e *executor) boundedBatch(wait time.Duration, sql string, args ...any) *pgx.Batch {
+	b := &pgx.Batch{}
+	if !e.inTx {
+		b.BeginTx(pgx.TxOptions{})
+	}
+	b.Queue(saveLockTimeout)
+	b.Queue(setLockTimeout, lockTimeout(wait))
+	b.Queue(sql, args...)
+	b.Queue(restoreLockTimeout)
+	return b
+}
+
+// sendBounded sends b, made by boundedBatch with wait, and reads its
+// results: read reads the bounded statement's and returns the driver's
+// error; after, if not nil, reads those of the statements queued after the
+// restore and returns its errors already interpreted. A lock timeout of the
+// bounded statement is returned as an *idem.InProgressError. On the pool,
+// it commits the batch's transaction, or rolls it back after an error.
+func (e *executor) sendBounded(ctx context.Context, b *pgx.Batch, wait time.Duration, read, after func(pgx.BatchResults) error) error {
+	br := e.db.SendBatch(ctx, b)
+	err := e.readBounded(ctx, br, wait, read, after)
+	if closeErr := br.Close(); err == nil && closeErr != nil {
+		err = interpretError(ctx, closeErr)
+	}
+	if e.inTx {
+		return err
+	}
+	tx := br.Tx()
+	if err != nil {
+		// Not bound to ctx: after a lock timeout the connection is sound
+		// and goes back to the pool. If the rollback fails, pgx closes the
+		// connection (as it already has if ctx ended), which ends the
+		// transaction just as well.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+		return err
+	}
+	return interpretError(ctx, tx.Commit(ctx))
+}
+
+// readBounded reads the results of a boundedBatch in order.
+func (e *executor) readBounded(ctx context.Context, br pgx.BatchResults, wait time.Duration, read, after func(pgx.BatchResults) error) error {
+	n := 2 // save and set lock_timeout
+	if !e.inTx {
+		n++ // begin
+	}
+	for range n {
+		if _, err := br.Exec(); err != nil {
+			return interpretError(ctx, err)
+		}
+	}
+	if err := read(br); err != nil {
+		if isPgCode(err, codeLockNotAvailable) {
+			// Another transaction held the record past wait. Inside a
+			// caller's transaction the error aborted it; outside one,
+			// the batch's own transaction is rolled back and nothing is
+			// left behind.
+			return &idem.InProgressError{RetryAfter: wait, TxAborted: e.inTx, Cause: err}
+		}
+		return interpretError(ctx, err)
+	}
+	if _, err := br.Exec(); err != nil { // restore lock_timeout
+		return interpretError(ctx, err)
+	}
+	if after != nil {
+		return after(br)
+	}
+	return nil
+}
+
+// scanRecord scans one row of recordColumns followed by extra destinations;
+// ctx is the context the row was queried with.
+func scanRecord(ctx context.Context, row pgx.Row, extra ...any) (*idem.Record, error) {
 	var (
 		rec            idem.Record
 		fingerprint    []byte
@@ -221,7 +398,7 @@ func scanRecord(row pgx.Row, extra ...any) (*idem.Record, error) {
 		&responseStatus, &header, &body, &rec.CreatedAt, &rec.UpdatedAt, &completedAt, &rec.ExpiresAt,
 	}, extra...)
 	if err := row.Scan(dest...); err != nil {
-		return nil, interpretError(err)
+		return nil, interpretError(ctx, err)
 	}
 	if len(fingerprint) != len(rec.Fingerprint) {
 		return nil, fmt.Errorf("idem: postgres: stored fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))
@@ -269,4 +446,35 @@ func lockTimeout(d time.Duration) string {
 	ms := (d + time.Millisecond - 1) / time.Millisecond
 	ms = min(max(ms, 1), math.MaxInt32)
 	return strconv.FormatInt(int64(ms), 10) + "ms"
+}
+
+// failedExecutor answers every call with err.
+type failedExecutor struct{ err error }
+
+var _ idem.Executor = failedExecutor{}
+
+func (f failedExecutor) Claim(context.Context, *idem.ClaimParams) (*idem.ClaimResult, error) {
+	return nil, f.err
+}
+
+func (f failedExecutor) Takeover(context.Context, *idem.TakeoverParams) error { return f.err }
+
+func (f failedExecutor) Get(context.Context, *idem.GetParams) (*idem.Record, error) {
+	return nil, f.err
+}
+
+func (f failedExecutor) Complete(context.Context, *idem.CompleteParams) error { return f.err }
+
+func (f failedExecutor) Release(context.Context, *idem.ReleaseParams) error { return f.err }
+
+func (f failedExecutor) RenewLease(context.Context, *idem.RenewLeaseParams) (time.Time, error) {
+	return time.Time{}, f.err
+}
+
+func (f failedExecutor) ListStaleLeases(context.Context, *idem.ListStaleLeasesParams) ([]*idem.Record, time.Time, error) {
+	return nil, time.Time{}, f.err
+}
+
+func (f failedExecutor) DeleteExpired(context.Context, *idem.DeleteExpiredParams) (int, error) {
+	return 0, f.err
 }

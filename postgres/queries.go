@@ -18,23 +18,34 @@ package postgres
 const recordColumns = `scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
 	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at`
 
-// The claim runs as one pgx batch, one round trip: save the caller's
-// lock_timeout, set ours, insert, restore, read. A batch runs in one implicit
-// transaction when sent outside a transaction (a single Sync in the extended
-// protocol, a single multi-statement Query in the simple protocol), so
-// set_config(..., is_local => true) lasts exactly until the end of the batch
-// there, and until the restore inside a caller's transaction.
+// The writes that may wait for another transaction holding the record (the
+// claim's insert, a takeover, a lease renewal) run as one pgx batch: save
+// the caller's lock_timeout, set ours, write, restore (and, for the claim,
+// read). set_config(..., is_local => true) lasts until the restore inside a
+// caller's transaction.
+//
+// On the pool, the batch begins a transaction (pgx's Batch.BeginTx, no
+// extra round trip) and the executor commits it in a second round trip,
+// once it has read the results. A batch left to its implicit transaction
+// would be committed by the server at the end of the batch, with or without
+// the client: if the caller's context ends while the write waits, pgx
+// closes the connection, but the server, which notices only when it next
+// reads from it, finishes the write once the holder ends and commits it. A
+// claim the caller was told was canceled would hold the key until its lease
+// ran out. With the COMMIT still to come from the client, the server rolls
+// the write back when it finds the connection closed.
 
-// claimSaveLockTimeout stashes the caller's lock_timeout in a custom
+// saveLockTimeout stashes the caller's lock_timeout in a custom
 // transaction-local setting, because a batch cannot feed a result of one
 // statement into a later one.
-const claimSaveLockTimeout = `SELECT set_config('idem.saved_lock_timeout', current_setting('lock_timeout'), true)`
+const saveLockTimeout = `SELECT set_config('idem.saved_lock_timeout', current_setting('lock_timeout'), true)`
 
-// claimSetLockTimeout bounds the insert's wait on an uncommitted holder of
-// the key: the insert waits on the holder's transaction lock, and
-// lock_timeout applies to that wait (SQLSTATE 55P03 when it runs out). $1 is
-// a value such as '5000ms'.
-const claimSetLockTimeout = `SELECT set_config('lock_timeout', $1::text, true)`
+// setLockTimeout bounds the write's wait on another transaction: the claim's
+// insert waits on an uncommitted holder's transaction lock, an UPDATE on the
+// row lock of a transaction that changed the row, and lock_timeout applies
+// to both waits (SQLSTATE 55P03 when it runs out). $1 is a value such as
+// '5000ms'.
+const setLockTimeout = `SELECT set_config('lock_timeout', $1::text, true)`
 
 // claimInsert inserts a processing record unless one exists for the key.
 // ON CONFLICT DO NOTHING, not DO UPDATE: a replay takes no row lock and writes
@@ -55,9 +66,10 @@ FROM clock
 ON CONFLICT (scope, idempotency_key) DO NOTHING
 RETURNING token`
 
-// claimRestoreLockTimeout puts the caller's lock_timeout back before the read,
-// so our bound covers the insert and nothing else.
-const claimRestoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('idem.saved_lock_timeout'), true)`
+// restoreLockTimeout puts the caller's lock_timeout back right after the
+// write, so our bound covers the write and nothing else (not the claim's
+// read, nor the caller's later statements).
+const restoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('idem.saved_lock_timeout'), true)`
 
 // claimRead reads the record as it is now. Under READ COMMITTED each
 // statement takes a new snapshot, so it sees the commit of a holder the
@@ -69,9 +81,15 @@ FROM idempotency_keys
 WHERE scope = $1::text AND idempotency_key = $2::text`
 
 // takeover replaces the record with a new processing one, fenced by the token
-// the caller read. Under READ COMMITTED an UPDATE blocked on a concurrent
-// writer re-checks the token on the row's newest version, so two takeovers
-// racing on one token cannot both succeed.
+// the caller read and by the condition that let the caller take it over:
+// with $10, its retention ran out; with $11, it is processing and its lease
+// ran out; with neither, the token alone (the caller reserved the record
+// with a token of its own). Under READ COMMITTED an UPDATE blocked on a
+// concurrent writer re-checks the whole WHERE on the row's newest version,
+// with the same clock (the CTE row is fixed), so two takeovers racing on one
+// token cannot both succeed, and a holder that completed or renewed in the
+// meantime (keeping its token) is not overwritten. Under REPEATABLE READ
+// and SERIALIZABLE a concurrent change is a serialization failure instead.
 const takeover = `WITH clock AS MATERIALIZED (
 	SELECT COALESCE($9::timestamptz, clock_timestamp()) AS ts
 )
@@ -89,7 +107,9 @@ UPDATE idempotency_keys SET
 	completed_at = NULL,
 	expires_at = clock.ts + $8::bigint * interval '1 microsecond'
 FROM clock
-WHERE scope = $1::text AND idempotency_key = $2::text AND token = $3::bigint`
+WHERE scope = $1::text AND idempotency_key = $2::text AND token = $3::bigint
+	AND (NOT $10::boolean OR expires_at <= clock.ts)
+	AND (NOT $11::boolean OR (status = 1 AND lease_expires_at <= clock.ts))`
 
 // get reads a live record without locking it.
 const get = `SELECT ` + recordColumns + `
@@ -114,9 +134,97 @@ FROM clock
 WHERE scope = $1::text AND idempotency_key = $2::text AND token = $3::bigint AND status = 1`
 
 // release deletes the record, only while it is processing and carries the
-// caller's token.
+// caller's token and, with $4, its lease has run out (the reaper's hand-over
+// of a stale lease: a holder that renewed meanwhile keeps its key; a DELETE
+// blocked on that renewal re-checks the lease on the renewed row).
 const release = `DELETE FROM idempotency_keys
-WHERE scope = $1::text AND idempotency_key = $2::text AND token = $3::bigint AND status = 1`
+WHERE scope = $1::text AND idempotency_key = $2::text AND token = $3::bigint AND status = 1
+	AND (NOT $4::boolean OR lease_expires_at <= COALESCE($5::timestamptz, clock_timestamp()))`
+
+// renewLease pushes the lease out and installs the new token, only while the
+// record is processing and carries the caller's token and, with $7, its
+// lease has run out (a reservation of a stale record must not take a lease
+// its holder renewed meanwhile; an UPDATE blocked on that renewal re-checks
+// the lease on the renewed row). The retention deadline moves out to the new
+// lease expiry if it would come first, so a record whose lease is live is
+// never past retention (a claim would take it over, the reaper delete it).
+// RETURNING gives back the expiry exactly as stored, computed from the same
+// clock reading as updated_at. No row means fenced.
+const renewLease = `WITH clock AS MATERIALIZED (
+	SELECT COALESCE($6::timestamptz, clock_timestamp()) AS ts
+)
+UPDATE idempotency_keys SET
+	token = $4::bigint,
+	lease_expires_at = clock.ts + $5::bigint * interval '1 microsecond',
+	expires_at = GREATEST(expires_at, clock.ts + $5::bigint * interval '1 microsecond'),
+	updated_at = clock.ts
+FROM clock
+WHERE scope = $1::text AND idempotency_key = $2::text AND token = $3::bigint AND status = 1
+	AND (NOT $7::boolean OR lease_expires_at <= clock.ts)
+RETURNING lease_expires_at`
+
+// listStaleLeases reads the processing records whose lease ran out and whose
+// retention has not, oldest lease first, without locking them. The literal
+// status = 1 matches the predicate of idempotency_keys_stale_lease_idx, and
+// the clock arrives from the LATERAL join as a value fixed for the scan, so
+// lease_expires_at <= clock.ts can be that index's condition and its order
+// can serve the ORDER BY (a volatile clock_timestamp() in the WHERE could be
+// neither). The LEFT JOIN keeps the clock row when no lease is stale, so
+// the caller always learns the time used: one row with NULL record columns.
+// The outer ORDER BY keeps the inner order, which SQL does not promise
+// through a join by itself.
+const listStaleLeases = `WITH clock AS MATERIALIZED (
+	SELECT COALESCE($1::timestamptz, clock_timestamp()) AS ts
+)
+SELECT stale.*, clock.ts
+FROM clock
+LEFT JOIN LATERAL (
+	SELECT ` + recordColumns + `
+	FROM idempotency_keys
+	WHERE status = 1 AND lease_expires_at <= clock.ts AND expires_at > clock.ts
+	ORDER BY lease_expires_at
+	LIMIT $2::bigint
+) stale ON true
+ORDER BY stale.lease_expires_at`
+
+// deleteExpired deletes at most $2 records past their retention deadline.
+//
+// The batch is chosen in a MATERIALIZED CTE, not in the IN subquery itself:
+// a subquery with LIMIT and FOR UPDATE SKIP LOCKED may be planned on the
+// inner side of a nested loop semi join and run again for each outer row,
+// each run locking and returning further rows, so the statement would lock
+// and delete more than $2 rows. A materialized CTE runs once; rescanning it
+// rereads its stored rows.
+//
+// The batch walks idempotency_keys_expires_at_idx: the clock is an InitPlan
+// ((SELECT ts FROM clock)), a value fixed for the statement and so usable as
+// the index condition. FOR UPDATE SKIP LOCKED locks each row as the scan
+// reaches it and passes over rows another transaction holds (a takeover or
+// completion in an open claim transaction), so the reaper never waits on a
+// claim and two reapers take disjoint batches; LIMIT stops the scan, so no
+// row is locked that is not deleted. Under READ COMMITTED, a row updated
+// and committed after the statement's snapshot is re-checked against
+// expires_at on its newest version before it is locked.
+//
+// The DELETE finds each locked row by primary key. IN (SELECT ... FROM batch)
+// rather than USING batch: the planner de-duplicates the batch and
+// estimates its size from that, which keeps it on a nested loop over the
+// primary key even under a generic plan (the statement cache's, after five
+// runs), where USING batch was planned as a hash join over a sequential scan
+// of the whole table. On a small table a hash join may still win on cost; it
+// reads the table but locks and deletes only the batch.
+const deleteExpired = `WITH clock AS MATERIALIZED (
+	SELECT COALESCE($1::timestamptz, clock_timestamp()) AS ts
+), batch AS MATERIALIZED (
+	SELECT scope, idempotency_key
+	FROM idempotency_keys
+	WHERE expires_at <= (SELECT ts FROM clock)
+	ORDER BY expires_at
+	LIMIT $2::bigint
+	FOR UPDATE SKIP LOCKED
+)
+DELETE FROM idempotency_keys
+WHERE (scope, idempotency_key) IN (SELECT scope, idempotency_key FROM batch)`
 
 // migrationLockSchema names the schema Migrate creates its tables in: the
 // first existing schema of the search_path.

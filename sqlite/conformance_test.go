@@ -44,6 +44,12 @@ func (harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*s
 			err := db.QueryRowContext(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n)
 			return n, err
 		},
+		SeedExpired: func(ctx context.Context, n int, expiresAt time.Time) error {
+			exp := expiresAt.UnixMicro()
+			done := expiresAt.Add(-time.Hour).UnixMicro()
+			_, err := db.ExecContext(ctx, seedExpired, n, done, done, done, done, exp)
+			return err
+		},
 		Close: closeDB,
 	}
 }
@@ -65,6 +71,21 @@ func (harness) Features() conformance.Features {
 		WaitGranularity: time.Millisecond,
 	}
 }
+
+// seedExpired inserts succeeded records "seed"/"seed-0" ... "seed-<n-1>",
+// completed an hour before their retention deadline, in one statement: a
+// recursive CTE counts from 0 to n-1.
+const seedExpired = `WITH RECURSIVE seq(i) AS (
+	SELECT 0 WHERE ?1 > 0
+	UNION ALL
+	SELECT i + 1 FROM seq WHERE i + 1 < ?1
+)
+INSERT INTO idempotency_keys (
+	scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
+	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at
+)
+SELECT 'seed', 'seed-' || i, zeroblob(32), 2, 1, 1, ?2, 200, NULL, x'', ?3, ?4, ?5, ?6
+FROM seq`
 
 // openDB opens a new migrated database file with the test business table,
 // closed when t ends.

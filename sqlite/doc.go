@@ -69,6 +69,48 @@
 // in Go instead, but then a goroutine holding a transaction must not call
 // pool methods such as [idem.Store.Claim] or it waits for itself.
 //
+// # Leases and the reaper
+//
+// On the pool ([Dialect.DB]), renewing a lease, taking a record over,
+// listing stale leases and deleting expired records are single statements
+// in autocommit mode, each its own transaction. A renewal or a takeover
+// waits for the write lock up to Config.WaitTimeout, like a pool-level
+// claim; a delete waits up to the connection's busy timeout (5s with Open);
+// past either they fail with [idem.ErrStoreUnavailable]. Listing is a read
+// and, in WAL mode, never waits.
+//
+// Deleting expired records is a write like any other: while a batch runs it
+// holds the lock of the whole database, and claims of every key queue behind
+// it. The delete therefore takes at most the reaper's batch size of records
+// per statement (DELETE ... WHERE rowid IN (SELECT ... ORDER BY expires_at
+// LIMIT ?), walking the expires_at index), so that each write transaction
+// stays short and claims queue only briefly: a large backlog is cleared by
+// many short transactions, never by one long one. Keep the batch size
+// modest (hundreds to a few thousand records: a batch of a thousand takes
+// milliseconds on a local disk) rather than raising it to catch up faster:
+// a pool-level [idem.Store.Claim] waits for the lock only up to
+// Config.WaitTimeout, so a batch must take well under it.
+//
+// Short batches are not enough on their own, because SQLite's lock has no
+// queue: a waiting writer polls for it, sleeping up to 100ms between tries.
+// A reaper that started its next batch the moment one committed would take
+// the lock again before the waiting claims woke, and they would time out
+// however short each batch was; a reaper that waited like a claim would
+// rarely find the lock free under a steady stream of claims. So the pool's
+// delete polls for the lock every millisecond (within the connection's busy
+// timeout, which it sets to zero meanwhile and then restores), and after a
+// full batch it leaves the lock free for as long as the batch held it, up to
+// 100ms, before it returns: the reaper holds the lock at most about half the
+// time, and claims waiting for it get it between batches.
+//
+// SQLite has no row locks and no SKIP LOCKED. Reapers of several instances
+// on one database run their deletes one after another; each deletes what is
+// still there, so a reaper behind another deletes the next batch or nothing.
+// Listing stale leases locks nothing, so two reapers may list the same
+// record; the fencing token decides between them: of two writes that expect
+// the same token (a renewal with a new token, a takeover, a completion),
+// only the first matches, and the other gets [idem.ErrFenced].
+//
 // # Time
 //
 // Times are stored as INTEGER microseconds since the Unix epoch, UTC. SQLite

@@ -74,3 +74,10 @@ func isSQLiteError(err error) bool {
 	var serr *msqlite.Error
 	return errors.As(err, &serr)
 }
+
+// isBusy reports whether err is SQLite's SQLITE_BUSY (any extended code):
+// another connection held the lock.
+func isBusy(err error) bool {
+	var serr *msqlite.Error
+	return errors.As(err, &serr) && serr.Code()&0xff == sqlite3.SQLITE_BUSY
+}

@@ -56,6 +56,9 @@ func (d *Dialect) Name() string { return "sqlite" }
 // DB returns an Executor that runs each statement on the pool, in autocommit
 // mode, except Claim, which runs in a BEGIN IMMEDIATE transaction of its own
 // whose wait for the write lock is bounded by ClaimParams.WaitTimeout.
+// Takeover and RenewLease bound their wait by their WaitTimeout too, and
+// DeleteExpired shares the lock with claims as the package documentation
+// describes.
 func (d *Dialect) DB() idem.Executor { return d.pool }
 
 // Tx returns an Executor that runs inside tx. It never commits or rolls back
@@ -230,14 +233,28 @@ func claim(ctx context.Context, h dbtx, p *idem.ClaimParams) (*idem.ClaimResult,
 	return &idem.ClaimResult{Record: rec, Created: false, Now: now}, nil
 }
 
-// Takeover implements idem.Executor.
+// Takeover implements idem.Executor. An unknown p.Condition fails before
+// any statement runs. On the pool, the wait for the write lock is bounded by
+// p.WaitTimeout, as in Claim.
 func (e *executor) Takeover(ctx context.Context, p *idem.TakeoverParams) error {
 	now := clock(p.Now)
-	res, err := e.h.ExecContext(ctx, takeoverUpdate,
+	args := []any{
 		p.NewToken, p.Fingerprint[:], p.Attempt, micros(now.Add(p.LeaseDuration)),
 		micros(now), micros(now), micros(now.Add(p.Retention)),
 		p.Scope, p.Key, p.Token,
-	)
+	}
+	var query string
+	switch p.Condition {
+	case idem.TakeoverRetentionExpired:
+		query, args = takeoverIfRetentionExpired, append(args, micros(now))
+	case idem.TakeoverLeaseExpired:
+		query, args = takeoverIfLeaseExpired, append(args, micros(now))
+	case idem.TakeoverReserved:
+		query = takeoverUpdate
+	default:
+		return fmt.Errorf("idem: sqlite: unknown takeover condition %d", p.Condition)
+	}
+	res, err := e.execWait(ctx, p.WaitTimeout, query, args...)
 	return affectedOne(res, err)
 }
 
@@ -273,8 +290,220 @@ func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
 
 // Release implements idem.Executor.
 func (e *executor) Release(ctx context.Context, p *idem.ReleaseParams) error {
-	res, err := e.h.ExecContext(ctx, releaseDelete, p.Scope, p.Key, p.Token)
+	query, args := releaseDelete, []any{p.Scope, p.Key, p.Token}
+	if p.OnlyIfLeaseExpired {
+		query, args = releaseIfLeaseExpired, append(args, micros(clock(p.Now)))
+	}
+	res, err := e.h.ExecContext(ctx, query, args...)
 	return affectedOne(res, err)
+}
+
+// RenewLease implements idem.Executor. The returned expiry is the value
+// stored: both come from the same microsecond-truncated now. On the pool,
+// the wait for the write lock is bounded by p.WaitTimeout, as in Claim.
+func (e *executor) RenewLease(ctx context.Context, p *idem.RenewLeaseParams) (time.Time, error) {
+	now := clock(p.Now)
+	lease := fromMicros(micros(now.Add(p.Duration)))
+	query, args := renewLeaseUpdate, []any{
+		p.NewToken, micros(lease), micros(lease), micros(now),
+		p.Scope, p.Key, p.Token,
+	}
+	if p.OnlyIfExpired {
+		query, args = renewExpiredLeaseUpdate, append(args, micros(now))
+	}
+	res, err := e.execWait(ctx, p.WaitTimeout, query, args...)
+	if err := affectedOne(res, err); err != nil {
+		return time.Time{}, err
+	}
+	return lease, nil
+}
+
+// ListStaleLeases implements idem.Executor. In WAL mode the read never
+// waits for a writer.
+func (e *executor) ListStaleLeases(ctx context.Context, p *idem.ListStaleLeasesParams) ([]*idem.Record, time.Time, error) {
+	if err := checkLimit(p.Limit); err != nil {
+		return nil, time.Time{}, err
+	}
+	now := clock(p.Now)
+	rows, err := e.h.QueryContext(ctx, staleLeasesSelect, micros(now), micros(now), p.Limit)
+	if err != nil {
+		return nil, time.Time{}, interpretError(err)
+	}
+	defer func() { _ = rows.Close() }()
+	var recs []*idem.Record
+	for rows.Next() {
+		rec, err := scanRecord(rows)
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		recs = append(recs, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, time.Time{}, interpretError(err)
+	}
+	return recs, now, nil
+}
+
+// The pool's DeleteExpired shares SQLite's single write lock with claims.
+// SQLite's lock has no queue: a writer waiting for it polls, with sleeps
+// growing to 100ms. Left to that, the reaper and the claimers starve each
+// other: a reaper that starts its next batch as soon as one commits takes
+// the lock again before sleeping claimers wake, and under a steady stream of
+// claims the reaper, sleeping 100ms between tries, rarely finds the lock
+// free. So the pool's DeleteExpired polls for the lock itself, every
+// reapPoll, within the connection's busy timeout; and after a full batch it
+// leaves the lock free for as long as the batch held it, up to maxReapYield,
+// so that it holds the lock at most about half the time.
+const (
+	// reapPoll is how often DeleteExpired tries the write lock while
+	// another writer holds it.
+	reapPoll = time.Millisecond
+	// maxReapYield bounds the pause after a full batch. It is the busy
+	// handler's longest sleep: every waiting claimer polls within a free
+	// window this long.
+	maxReapYield = 100 * time.Millisecond
+)
+
+// DeleteExpired implements idem.Executor. On the pool the statement is its
+// own (autocommit) transaction, which waits for the write lock up to the
+// connection's busy timeout, like any write, and holds it only while it
+// deletes at most p.Limit rows. See reapPoll for how it waits, and why it
+// pauses after a full batch (n == p.Limit: the caller is likely to delete
+// again at once) before it returns; the pause ends early, with the count,
+// when ctx ends. Inside a caller's transaction, which holds the lock
+// already, it runs the statement and nothing else.
+func (e *executor) DeleteExpired(ctx context.Context, p *idem.DeleteExpiredParams) (int, error) {
+	if err := checkLimit(p.Limit); err != nil {
+		return 0, err
+	}
+	now := clock(p.Now)
+	if e.pool == nil {
+		n, _, err := deleteExpired(ctx, e.h, now, p.Limit)
+		return n, err
+	}
+	n, held, err := e.deleteExpiredOnConn(ctx, now, p.Limit)
+	if err == nil && p.Limit > 0 && n == p.Limit {
+		sleepCtx(ctx, min(held, maxReapYield))
+	}
+	return n, err
+}
+
+// deleteExpiredOnConn runs the delete on a connection whose busy timeout
+// is zero meanwhile, so that SQLite fails at once instead of sleeping, and
+// retries every reapPoll until the connection's own busy timeout has passed.
+// It returns how long the statement that ran took.
+func (e *executor) deleteExpiredOnConn(ctx context.Context, now time.Time, limit int) (n int, held time.Duration, err error) {
+	err = e.onConn(ctx, func(int) int { return 0 }, func(conn *sql.Conn, prev int) error {
+		deadline := time.Now().Add(time.Duration(prev) * time.Millisecond)
+		for {
+			var err error
+			n, held, err = deleteExpired(ctx, conn, now, limit)
+			if !isBusy(err) || !time.Now().Add(reapPoll).Before(deadline) {
+				return err
+			}
+			if !sleepCtx(ctx, reapPoll) {
+				return interpretError(ctx.Err())
+			}
+		}
+	})
+	return n, held, err
+}
+
+// execWait runs one statement on e's handle. On the pool it runs on a
+// connection whose busy timeout is wait (rounded up to a millisecond)
+// meanwhile, so that its wait for the write lock is bounded like Claim's. The
+// error is returned as the driver gave it.
+func (e *executor) execWait(ctx context.Context, wait time.Duration, query string, args ...any) (sql.Result, error) {
+	if e.pool == nil {
+		// A caller's transaction holds the write lock already.
+		return e.h.ExecContext(ctx, query, args...)
+	}
+	var res sql.Result
+	err := e.onConn(ctx, func(int) int { return busyMillis(wait) }, func(conn *sql.Conn, _ int) error {
+		var err error
+		res, err = conn.ExecContext(ctx, query, args...)
+		return err
+	})
+	return res, err
+}
+
+// onConn runs fn on a connection of its own whose busy timeout is
+// busy(prev) while fn runs, prev being the connection's own, then restored.
+// fn must run autocommit statements only, which leave no transaction behind
+// when they succeed or SQLite refuses them. After any other failure (a
+// statement interrupted by ctx), or a failed restore, the connection is
+// discarded rather than returned to the pool with an unknown busy timeout,
+// as in claimOnConn. fn's error is returned unchanged; onConn's own are
+// classified by interpretError.
+func (e *executor) onConn(ctx context.Context, busy func(prev int) int, fn func(conn *sql.Conn, prev int) error) error {
+	conn, err := e.pool.Conn(ctx)
+	if err != nil {
+		return interpretError(err)
+	}
+	clean := false
+	defer func() {
+		if !clean {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+		_ = conn.Close()
+	}()
+
+	var prev int
+	if err := conn.QueryRowContext(ctx, busyTimeoutGet).Scan(&prev); err != nil {
+		return interpretError(err)
+	}
+	ms := busy(prev)
+	if ms != prev {
+		if err := setBusyTimeout(ctx, conn, ms); err != nil {
+			return interpretError(err)
+		}
+	}
+	err = fn(conn, prev)
+	clean = err == nil || isSQLiteError(err)
+	if ms != prev {
+		if rerr := setBusyTimeout(context.WithoutCancel(ctx), conn, prev); rerr != nil {
+			clean = false
+		}
+	}
+	return err
+}
+
+// deleteExpired runs expiredDelete on h and returns the count and how long
+// the statement took.
+func deleteExpired(ctx context.Context, h dbtx, now time.Time, limit int) (int, time.Duration, error) {
+	start := time.Now()
+	res, err := h.ExecContext(ctx, expiredDelete, micros(now), limit)
+	if err != nil {
+		return 0, 0, interpretError(err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, 0, interpretError(err)
+	}
+	return int(n), time.Since(start), nil
+}
+
+// sleepCtx sleeps for d and reports true, or reports false as soon as ctx
+// ends.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// checkLimit rejects a negative limit, which SQLite would read as "no limit":
+// a reaper bug must not turn into one unbounded delete holding the write
+// lock.
+func checkLimit(limit int) error {
+	if limit < 0 {
+		return fmt.Errorf("idem: sqlite: negative limit %d", limit)
+	}
+	return nil
 }
 
 // affectedOne turns a fenced write (no row matched) into idem.ErrFenced.
@@ -292,9 +521,14 @@ func affectedOne(res sql.Result, err error) error {
 	return nil
 }
 
-// scanRecord scans one row of recordColumns. A missing row is
-// idem.ErrNotFound; driver errors are classified by interpretError.
-func scanRecord(row *sql.Row) (*idem.Record, error) {
+// rowScanner is a *sql.Row or a *sql.Rows positioned on a row.
+type rowScanner interface {
+	Scan(dest ...any) error
+}
+
+// scanRecord scans one row of recordColumns. A missing row (*sql.Row only)
+// is idem.ErrNotFound; driver errors are classified by interpretError.
+func scanRecord(row rowScanner) (*idem.Record, error) {
 	var (
 		rec                                     idem.Record
 		fingerprint, headers, body              []byte
@@ -363,3 +597,15 @@ func (f failedExecutor) Get(context.Context, *idem.GetParams) (*idem.Record, err
 func (f failedExecutor) Complete(context.Context, *idem.CompleteParams) error { return f.err }
 
 func (f failedExecutor) Release(context.Context, *idem.ReleaseParams) error { return f.err }
+
+func (f failedExecutor) RenewLease(context.Context, *idem.RenewLeaseParams) (time.Time, error) {
+	return time.Time{}, f.err
+}
+
+func (f failedExecutor) ListStaleLeases(context.Context, *idem.ListStaleLeasesParams) ([]*idem.Record, time.Time, error) {
+	return nil, time.Time{}, f.err
+}
+
+func (f failedExecutor) DeleteExpired(context.Context, *idem.DeleteExpiredParams) (int, error) {
+	return 0, f.err
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -480,4 +481,702 @@ func TestEmptyResponse(t *testing.T) {
 	require.NotNil(t, replay.Replay.Response.Body)
 	require.Empty(t, replay.Replay.Response.Body)
 	require.Nil(t, replay.Replay.Response.Header)
+}
+
+// seedClaim inserts a processing record for (scope, key) through ex, claimed
+// at claimedAt: its lease runs out at claimedAt+lease and its retention at
+// claimedAt+retention.
+func seedClaim(ctx context.Context, t *testing.T, ex idem.Executor, scope, key string, token int64, claimedAt time.Time, lease, retention time.Duration) {
+	t.Helper()
+	res, err := ex.Claim(ctx, &idem.ClaimParams{
+		Scope: scope, Key: key, Fingerprint: fp(key), Token: token,
+		LeaseDuration: lease, Retention: retention, WaitTimeout: time.Second, Now: &claimedAt,
+	})
+	require.NoError(t, err)
+	require.True(t, res.Created)
+}
+
+// seedCompleted inserts a record completed with status at completedAt,
+// whose lease ran out long before and whose retention runs out at
+// completedAt+retention.
+func seedCompleted(ctx context.Context, t *testing.T, ex idem.Executor, scope, key string, status idem.Status, completedAt time.Time, retention time.Duration) {
+	t.Helper()
+	seedClaim(ctx, t, ex, scope, key, 1, completedAt.Add(-time.Minute), time.Second, retention)
+	require.NoError(t, ex.Complete(ctx, &idem.CompleteParams{
+		Scope: scope, Key: key, Token: 1, Status: status,
+		Response: &idem.Response{StatusCode: 200}, Retention: retention, Now: &completedAt,
+	}))
+}
+
+// recordKeys returns the keys of every stored record, expired or not, sorted.
+func recordKeys(ctx context.Context, t *testing.T, db *sql.DB) []string {
+	t.Helper()
+	rows, err := db.QueryContext(ctx, `SELECT idempotency_key FROM idempotency_keys ORDER BY idempotency_key`)
+	require.NoError(t, err)
+	defer func() { _ = rows.Close() }()
+	keys := []string{}
+	for rows.Next() {
+		var k string
+		require.NoError(t, rows.Scan(&k))
+		keys = append(keys, k)
+	}
+	require.NoError(t, rows.Err())
+	return keys
+}
+
+func TestRenewLease(t *testing.T) {
+	t.Parallel()
+	// A pinned time with nanoseconds: the dialect truncates it to the
+	// microseconds the schema stores.
+	now := time.Date(2030, 1, 2, 3, 4, 5, 678901234, time.UTC)
+
+	// claimed claims "orders"/"k1" at now with a one-minute lease and
+	// returns the record as stored.
+	claimed := func(t *testing.T) (context.Context, *testBundle, *idem.Record) {
+		t.Helper()
+		ctx, b := setup(t, &idem.Config{LeaseDuration: time.Minute, Retention: time.Hour, Now: func() time.Time { return now }})
+		_, err := b.store.Claim(ctx, "orders", "k1", fp("a"))
+		require.NoError(t, err)
+		rec, err := b.store.Get(ctx, "orders", "k1")
+		require.NoError(t, err)
+		return ctx, b, rec
+	}
+
+	t.Run("RenewsAndReplacesToken", func(t *testing.T) {
+		t.Parallel()
+		ctx, b, rec := claimed(t)
+		ex := b.dialect.DB()
+		at := now.Add(10*time.Second + 789*time.Nanosecond)
+		d := 2*time.Minute + 1500*time.Nanosecond
+		got, err := ex.RenewLease(ctx, &idem.RenewLeaseParams{
+			Scope: "orders", Key: "k1", Token: rec.Token, NewToken: rec.Token + 1, Duration: d, Now: &at,
+		})
+		require.NoError(t, err)
+		require.Equal(t, time.UTC, got.Location())
+		require.Equal(t, at.Truncate(time.Microsecond).Add(d).Truncate(time.Microsecond), got)
+
+		after, err := b.store.Get(ctx, "orders", "k1")
+		require.NoError(t, err)
+		require.Equal(t, after.LeaseExpiresAt, got, "the returned expiry is the stored one")
+		require.Equal(t, rec.Token+1, after.Token)
+		require.Equal(t, at.Truncate(time.Microsecond), after.UpdatedAt)
+		require.Equal(t, idem.StatusProcessing, after.Status)
+		require.Equal(t, rec.Attempt, after.Attempt)
+		require.Equal(t, rec.CreatedAt, after.CreatedAt)
+		require.Equal(t, rec.ExpiresAt, after.ExpiresAt, "retention is not extended")
+
+		_, err = ex.RenewLease(ctx, &idem.RenewLeaseParams{
+			Scope: "orders", Key: "k1", Token: rec.Token, NewToken: rec.Token, Duration: time.Hour, Now: &at,
+		})
+		require.ErrorIs(t, err, idem.ErrFenced, "the old token no longer matches")
+
+		// A plain renewal keeps the token.
+		at2 := at.Add(time.Minute)
+		got, err = ex.RenewLease(ctx, &idem.RenewLeaseParams{
+			Scope: "orders", Key: "k1", Token: rec.Token + 1, NewToken: rec.Token + 1, Duration: time.Minute, Now: &at2,
+		})
+		require.NoError(t, err)
+		after, err = b.store.Get(ctx, "orders", "k1")
+		require.NoError(t, err)
+		require.Equal(t, after.LeaseExpiresAt, got)
+		require.Equal(t, rec.Token+1, after.Token)
+	})
+
+	t.Run("WrongTokenFenced", func(t *testing.T) {
+		t.Parallel()
+		ctx, b, rec := claimed(t)
+		for _, tok := range []int64{rec.Token - 1, rec.Token + 1} {
+			_, err := b.dialect.DB().RenewLease(ctx, &idem.RenewLeaseParams{
+				Scope: "orders", Key: "k1", Token: tok, NewToken: tok + 10, Duration: time.Hour, Now: &now,
+			})
+			require.ErrorIs(t, err, idem.ErrFenced)
+		}
+		after, err := b.store.Get(ctx, "orders", "k1")
+		require.NoError(t, err)
+		require.Equal(t, rec, after, "a fenced renewal changes nothing")
+	})
+
+	t.Run("CompletedRecordFenced", func(t *testing.T) {
+		t.Parallel()
+		ctx, b, rec := claimed(t)
+		c, err := b.store.Claim(ctx, "orders", "k2", fp("a"))
+		require.NoError(t, err)
+		require.NoError(t, b.store.Complete(ctx, c, &idem.Response{StatusCode: 201}))
+		done, err := b.store.Get(ctx, "orders", "k2")
+		require.NoError(t, err)
+
+		_, err = b.dialect.DB().RenewLease(ctx, &idem.RenewLeaseParams{
+			Scope: "orders", Key: "k2", Token: done.Token, NewToken: done.Token + 1, Duration: time.Hour, Now: &now,
+		})
+		require.ErrorIs(t, err, idem.ErrFenced, "the token matches but the record is final")
+		after, err := b.store.Get(ctx, "orders", "k2")
+		require.NoError(t, err)
+		require.Equal(t, done, after)
+
+		_, err = b.dialect.DB().RenewLease(ctx, &idem.RenewLeaseParams{
+			Scope: "other", Key: "k1", Token: rec.Token, NewToken: rec.Token, Duration: time.Hour, Now: &now,
+		})
+		require.ErrorIs(t, err, idem.ErrFenced, "no record in that scope")
+	})
+
+	t.Run("DatabaseClock", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t, &idem.Config{LeaseDuration: time.Minute, Retention: time.Hour})
+		_, err := b.store.Claim(ctx, "orders", "k1", fp("a"))
+		require.NoError(t, err)
+		rec, err := b.store.Get(ctx, "orders", "k1")
+		require.NoError(t, err)
+
+		before := time.Now().Truncate(time.Microsecond)
+		got, err := b.dialect.DB().RenewLease(ctx, &idem.RenewLeaseParams{
+			Scope: "orders", Key: "k1", Token: rec.Token, NewToken: rec.Token, Duration: 5 * time.Minute,
+		})
+		after := time.Now()
+		require.NoError(t, err)
+		require.False(t, got.Before(before.Add(5*time.Minute)))
+		require.False(t, got.After(after.Add(5*time.Minute)))
+		stored, err := b.store.Get(ctx, "orders", "k1")
+		require.NoError(t, err)
+		require.Equal(t, stored.LeaseExpiresAt, got)
+	})
+
+	t.Run("InTransaction", func(t *testing.T) {
+		t.Parallel()
+		ctx, b, rec := claimed(t)
+		tx := b.begin(ctx, t)
+		_, err := b.dialect.Tx(tx).RenewLease(ctx, &idem.RenewLeaseParams{
+			Scope: "orders", Key: "k1", Token: rec.Token, NewToken: rec.Token + 1, Duration: time.Hour, Now: &now,
+		})
+		require.NoError(t, err)
+		require.NoError(t, b.dialect.Rollback(ctx, tx))
+		after, err := b.store.Get(ctx, "orders", "k1")
+		require.NoError(t, err)
+		require.Equal(t, rec, after, "the renewal rolled back with the caller's transaction")
+	})
+}
+
+// The retention deadline moves out with a lease renewed past it, never in.
+func TestRenewLeaseExtendsRetention(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, nil)
+	ex := b.dialect.DB()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	seedClaim(ctx, t, ex, "orders", "k1", 1, now, time.Minute, time.Hour)
+	get := func() *idem.Record {
+		t.Helper()
+		rec, err := ex.Get(ctx, &idem.GetParams{Scope: "orders", Key: "k1", Now: &now})
+		require.NoError(t, err)
+		return rec
+	}
+
+	lease, err := ex.RenewLease(ctx, &idem.RenewLeaseParams{
+		Scope: "orders", Key: "k1", Token: 1, NewToken: 1, Duration: 2 * time.Hour, Now: &now,
+	})
+	require.NoError(t, err)
+	rec := get()
+	require.Equal(t, now.Add(2*time.Hour), lease)
+	require.Equal(t, lease, rec.LeaseExpiresAt)
+	require.Equal(t, lease, rec.ExpiresAt, "retention moved out to the lease")
+
+	_, err = ex.RenewLease(ctx, &idem.RenewLeaseParams{
+		Scope: "orders", Key: "k1", Token: 1, NewToken: 1, Duration: time.Minute, Now: &now,
+	})
+	require.NoError(t, err)
+	rec = get()
+	require.Equal(t, now.Add(time.Minute), rec.LeaseExpiresAt)
+	require.Equal(t, now.Add(2*time.Hour), rec.ExpiresAt, "retention never moves in")
+}
+
+// OnlyIfExpired reserves a stale record, and only a stale one.
+func TestRenewLeaseOnlyIfExpired(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, nil)
+	ex := b.dialect.DB()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	seedClaim(ctx, t, ex, "orders", "live", 1, now, time.Minute, time.Hour)
+	seedClaim(ctx, t, ex, "orders", "stale", 1, now.Add(-time.Minute), time.Minute, time.Hour) // lease ends at now
+
+	for _, key := range []string{"live", "stale"} {
+		_, err := ex.RenewLease(ctx, &idem.RenewLeaseParams{
+			Scope: "orders", Key: key, Token: 1, NewToken: 2, Duration: time.Minute, OnlyIfExpired: true, Now: &now,
+		})
+		rec, gerr := ex.Get(ctx, &idem.GetParams{Scope: "orders", Key: key, Now: &now})
+		require.NoError(t, gerr)
+		if key == "live" {
+			require.ErrorIs(t, err, idem.ErrFenced, "a live lease is not reserved")
+			require.Equal(t, int64(1), rec.Token)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, int64(2), rec.Token)
+		require.Equal(t, now.Add(time.Minute), rec.LeaseExpiresAt)
+	}
+}
+
+// Each takeover condition holds the record back from a takeover that read
+// it before its holder completed or renewed.
+func TestTakeoverConditions(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	takeover := func(ctx context.Context, ex idem.Executor, key string, cond idem.TakeoverCondition) error {
+		return ex.Takeover(ctx, &idem.TakeoverParams{
+			Scope: "orders", Key: key, Token: 1, NewToken: 2, Fingerprint: fp("new"), Attempt: 2,
+			LeaseDuration: time.Minute, Retention: time.Hour, Condition: cond, WaitTimeout: time.Second, Now: &now,
+		})
+	}
+	token := func(ctx context.Context, t *testing.T, db *sql.DB, key string) int64 {
+		t.Helper()
+		var tok int64
+		require.NoError(t, db.QueryRowContext(ctx, `SELECT token FROM idempotency_keys WHERE idempotency_key = ?`, key).Scan(&tok))
+		return tok
+	}
+
+	for _, tc := range []struct {
+		name string
+		cond idem.TakeoverCondition
+		// seed stores key "yes", which the condition lets through, and
+		// the keys in held, which it holds back; every record carries
+		// token 1.
+		seed func(ctx context.Context, t *testing.T, ex idem.Executor)
+		held []string
+	}{
+		{
+			name: "RetentionExpired",
+			cond: idem.TakeoverRetentionExpired,
+			seed: func(ctx context.Context, t *testing.T, ex idem.Executor) {
+				t.Helper()
+				seedClaim(ctx, t, ex, "orders", "yes", 1, now.Add(-time.Hour), time.Minute, time.Hour) // expires at now
+				// Completed a moment ago: same token, deadline moved out.
+				seedCompleted(ctx, t, ex, "orders", "no", idem.StatusSucceeded, now, time.Hour)
+			},
+			held: []string{"no"},
+		},
+		{
+			name: "LeaseExpired",
+			cond: idem.TakeoverLeaseExpired,
+			seed: func(ctx context.Context, t *testing.T, ex idem.Executor) {
+				t.Helper()
+				seedClaim(ctx, t, ex, "orders", "yes", 1, now.Add(-time.Minute), time.Minute, time.Hour) // lease ends at now
+				seedClaim(ctx, t, ex, "orders", "no", 1, now.Add(-time.Minute), 2*time.Minute, time.Hour)
+				seedCompleted(ctx, t, ex, "orders", "done", idem.StatusSucceeded, now.Add(-time.Second), time.Hour)
+			},
+			held: []string{"no", "done"},
+		},
+		{
+			name: "Reserved",
+			cond: idem.TakeoverReserved,
+			seed: func(ctx context.Context, t *testing.T, ex idem.Executor) {
+				t.Helper()
+				seedClaim(ctx, t, ex, "orders", "yes", 1, now, time.Hour, 2*time.Hour) // live lease: the token is enough
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, nil)
+			ex := b.dialect.DB()
+			tc.seed(ctx, t, ex)
+
+			require.NoError(t, takeover(ctx, ex, "yes", tc.cond))
+			rec, err := ex.Get(ctx, &idem.GetParams{Scope: "orders", Key: "yes", Now: &now})
+			require.NoError(t, err)
+			require.Equal(t, int64(2), rec.Token)
+			require.Equal(t, 2, rec.Attempt)
+			require.Equal(t, idem.StatusProcessing, rec.Status)
+			require.True(t, rec.Fingerprint.Equal(fp("new")))
+			require.Equal(t, now.Add(time.Hour), rec.ExpiresAt)
+
+			for _, key := range tc.held {
+				require.ErrorIs(t, takeover(ctx, ex, key, tc.cond), idem.ErrFenced, key)
+				require.Equal(t, int64(1), token(ctx, t, b.db, key), "%s changed", key)
+			}
+			require.ErrorIs(t, takeover(ctx, ex, "yes", tc.cond), idem.ErrFenced, "the token moved on")
+		})
+	}
+
+	t.Run("UnknownCondition", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t, nil)
+		ex := b.dialect.DB()
+		seedClaim(ctx, t, ex, "orders", "k1", 1, now.Add(-2*time.Hour), time.Minute, time.Hour)
+		err := takeover(ctx, ex, "k1", 0)
+		require.Error(t, err)
+		require.NotErrorIs(t, err, idem.ErrFenced)
+		require.Equal(t, int64(1), token(ctx, t, b.db, "k1"))
+	})
+}
+
+// OnlyIfLeaseExpired releases a stale record, and only a stale one.
+func TestReleaseOnlyIfLeaseExpired(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, nil)
+	ex := b.dialect.DB()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	seedClaim(ctx, t, ex, "orders", "live", 1, now, time.Minute, time.Hour)
+	seedClaim(ctx, t, ex, "orders", "stale", 1, now.Add(-time.Minute), time.Minute, time.Hour)
+
+	release := func(key string) error {
+		return ex.Release(ctx, &idem.ReleaseParams{Scope: "orders", Key: key, Token: 1, OnlyIfLeaseExpired: true, Now: &now})
+	}
+	require.ErrorIs(t, release("live"), idem.ErrFenced, "a holder that renewed keeps its key")
+	require.NoError(t, release("stale"))
+	require.Equal(t, []string{"live"}, recordKeys(ctx, t, b.db))
+	require.NoError(t, ex.Release(ctx, &idem.ReleaseParams{Scope: "orders", Key: "live", Token: 1}),
+		"without the option the lease does not matter")
+}
+
+// On the pool, RenewLease and Takeover wait for the write lock up to their
+// WaitTimeout, not the DSN's 5s busy timeout, and restore the connection's
+// busy timeout afterwards.
+func TestLeaseWritesWaitBoundedByWaitTimeout(t *testing.T) {
+	t.Parallel()
+	const wait = 150 * time.Millisecond
+	ctx, b := setup(t, nil)
+	b.db.SetMaxOpenConns(2)
+	ex := b.dialect.DB()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	seedClaim(ctx, t, ex, "orders", "k1", 1, now.Add(-2*time.Hour), time.Minute, time.Hour)
+
+	holder := b.begin(ctx, t)
+	_, err := holder.ExecContext(ctx, `INSERT INTO orders (ref) VALUES ('held')`)
+	require.NoError(t, err)
+
+	for name, call := range map[string]func() error{
+		"RenewLease": func() error {
+			_, err := ex.RenewLease(ctx, &idem.RenewLeaseParams{
+				Scope: "orders", Key: "k1", Token: 1, NewToken: 2, Duration: time.Minute, WaitTimeout: wait, Now: &now,
+			})
+			return err
+		},
+		"Takeover": func() error {
+			return ex.Takeover(ctx, &idem.TakeoverParams{
+				Scope: "orders", Key: "k1", Token: 1, NewToken: 2, Fingerprint: fp("b"), Attempt: 2,
+				LeaseDuration: time.Minute, Retention: time.Hour, Condition: idem.TakeoverRetentionExpired,
+				WaitTimeout: wait, Now: &now,
+			})
+		},
+	} {
+		start := time.Now()
+		err := call()
+		elapsed := time.Since(start)
+		require.ErrorIs(t, err, idem.ErrStoreUnavailable, name)
+		require.Equal(t, sqlite3.SQLITE_BUSY, sqliteCode(err)&0xff, name)
+		require.GreaterOrEqual(t, elapsed, wait-10*time.Millisecond, name)
+		require.Less(t, elapsed, 3*time.Second, "%s: bounded by WaitTimeout, not busy_timeout(5000)", name)
+	}
+	require.NoError(t, b.dialect.Rollback(ctx, holder))
+
+	var busy int
+	require.NoError(t, b.db.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy))
+	require.Equal(t, 5000, busy, "the connection's busy timeout is restored")
+	_, err = ex.RenewLease(ctx, &idem.RenewLeaseParams{
+		Scope: "orders", Key: "k1", Token: 1, NewToken: 2, Duration: time.Minute, WaitTimeout: wait, Now: &now,
+	})
+	require.NoError(t, err)
+}
+
+func TestListStaleLeases(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, nil)
+	ex := b.dialect.DB()
+	base := time.Now().Truncate(time.Microsecond)
+	pinned := base.Add(123 * time.Nanosecond) // truncated to base
+
+	// Inserted out of lease order; "a" in another scope.
+	seedClaim(ctx, t, ex, "orders", "c", 3, base.Add(-time.Minute), time.Minute, time.Hour)       // lease ends at now: stale
+	seedClaim(ctx, t, ex, "t2", "a", 1, base.Add(-10*time.Minute), 7*time.Minute, time.Hour)      // lease ended 3m ago
+	seedClaim(ctx, t, ex, "orders", "live", 4, base, time.Minute, time.Hour)                      // lease runs
+	seedClaim(ctx, t, ex, "orders", "b", 2, base.Add(-2*time.Minute), time.Minute, time.Hour)     // lease ended 1m ago
+	seedClaim(ctx, t, ex, "orders", "retired", 5, base.Add(-2*time.Hour), time.Minute, time.Hour) // retention ended
+	seedClaim(ctx, t, ex, "orders", "retiredNow", 6, base.Add(-time.Hour), time.Minute, time.Hour)
+	seedCompleted(ctx, t, ex, "orders", "succeeded", idem.StatusSucceeded, base.Add(-10*time.Minute), time.Hour)
+	seedCompleted(ctx, t, ex, "orders", "failed", idem.StatusFailed, base.Add(-10*time.Minute), time.Hour)
+
+	keys := func(recs []*idem.Record) []string {
+		out := []string{}
+		for _, r := range recs {
+			out = append(out, r.Key)
+		}
+		return out
+	}
+
+	recs, now, err := ex.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 10, Now: &pinned})
+	require.NoError(t, err)
+	require.Equal(t, base.UTC(), now, "the pinned now, truncated to microseconds")
+	require.Equal(t, []string{"a", "b", "c"}, keys(recs), "oldest lease first")
+	require.Equal(t, "t2", recs[0].Scope)
+	require.Equal(t, int64(1), recs[0].Token)
+	require.Equal(t, idem.StatusProcessing, recs[0].Status)
+	require.Equal(t, base.Add(-3*time.Minute).UTC(), recs[0].LeaseExpiresAt)
+	require.Equal(t, base.Add(-10*time.Minute+time.Hour).UTC(), recs[0].ExpiresAt)
+	require.True(t, recs[0].Fingerprint.Equal(fp("a")))
+	require.Nil(t, recs[0].Response)
+
+	recs, _, err = ex.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 2, Now: &pinned})
+	require.NoError(t, err)
+	require.Equal(t, []string{"a", "b"}, keys(recs))
+
+	recs, _, err = ex.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 0, Now: &pinned})
+	require.NoError(t, err)
+	require.Empty(t, recs)
+
+	_, _, err = ex.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: -1, Now: &pinned})
+	require.Error(t, err, "a negative limit is not 'no limit'")
+
+	// The database's clock: a little after base, which changes nothing here.
+	before := time.Now().Truncate(time.Microsecond)
+	recs, now, err = ex.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 10})
+	require.NoError(t, err)
+	require.Equal(t, time.UTC, now.Location())
+	require.False(t, now.Before(before))
+	require.False(t, now.After(time.Now()))
+	require.Equal(t, []string{"a", "b", "c"}, keys(recs))
+
+	// Inside a transaction, through the caller's Executor.
+	tx := b.begin(ctx, t)
+	recs, _, err = b.dialect.Tx(tx).ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 1, Now: &pinned})
+	require.NoError(t, err)
+	require.Equal(t, []string{"a"}, keys(recs))
+}
+
+func TestDeleteExpired(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 678901000, time.UTC)
+
+	// seed stores five expired records (the last expiring exactly at now)
+	// and two live ones, inserted out of expiry order.
+	seed := func(ctx context.Context, t *testing.T, ex idem.Executor) {
+		t.Helper()
+		seedClaim(ctx, t, ex, "orders", "e2", 2, now.Add(-5*time.Hour), time.Minute, time.Hour)                   // expired 4h ago
+		seedClaim(ctx, t, ex, "orders", "e1", 1, now.Add(-6*time.Hour), time.Minute, time.Hour)                   // expired 5h ago
+		seedClaim(ctx, t, ex, "orders", "e3", 3, now.Add(-4*time.Hour), time.Minute, time.Hour)                   // processing, expired 3h ago
+		seedCompleted(ctx, t, ex, "t2", "e4", idem.StatusSucceeded, now.Add(-3*time.Hour), time.Hour)             // expired 2h ago
+		seedClaim(ctx, t, ex, "orders", "e5", 5, now.Add(-time.Hour), time.Minute, time.Hour)                     // expires at now
+		seedClaim(ctx, t, ex, "orders", "live1", 6, now.Add(-time.Hour+time.Microsecond), time.Minute, time.Hour) // 1µs left
+		seedCompleted(ctx, t, ex, "orders", "live2", idem.StatusSucceeded, now, time.Hour)
+	}
+	del := func(ctx context.Context, t *testing.T, ex idem.Executor, limit int) int {
+		t.Helper()
+		pinned := now.Add(999 * time.Nanosecond) // truncated to now
+		n, err := ex.DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: limit, Now: &pinned})
+		require.NoError(t, err)
+		return n
+	}
+
+	t.Run("Batches", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t, nil)
+		ex := b.dialect.DB()
+		seed(ctx, t, ex)
+
+		require.Zero(t, del(ctx, t, ex, 0))
+		_, err := ex.DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: -1, Now: &now})
+		require.Error(t, err, "a negative limit is not 'no limit'")
+		require.Len(t, recordKeys(ctx, t, b.db), 7)
+
+		require.Equal(t, 2, del(ctx, t, ex, 2))
+		require.Equal(t, []string{"e3", "e4", "e5", "live1", "live2"}, recordKeys(ctx, t, b.db), "earliest deadline first")
+		require.Equal(t, 2, del(ctx, t, ex, 2))
+		require.Equal(t, []string{"e5", "live1", "live2"}, recordKeys(ctx, t, b.db))
+		require.Equal(t, 1, del(ctx, t, ex, 10), "expires_at = now is expired")
+		require.Zero(t, del(ctx, t, ex, 10))
+		require.Equal(t, []string{"live1", "live2"}, recordKeys(ctx, t, b.db))
+	})
+
+	t.Run("DatabaseClock", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t, nil)
+		ex := b.dialect.DB()
+		wall := time.Now()
+		seedClaim(ctx, t, ex, "orders", "old", 1, wall.Add(-2*time.Hour), time.Minute, time.Hour)
+		seedClaim(ctx, t, ex, "orders", "new", 2, wall, time.Minute, time.Hour)
+		n, err := ex.DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: 10})
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Equal(t, []string{"new"}, recordKeys(ctx, t, b.db))
+	})
+
+	t.Run("InTransaction", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t, nil)
+		seed(ctx, t, b.dialect.DB())
+		tx := b.begin(ctx, t)
+		require.Equal(t, 5, del(ctx, t, b.dialect.Tx(tx), 10))
+		require.NoError(t, b.dialect.Rollback(ctx, tx))
+		require.Len(t, recordKeys(ctx, t, b.db), 7, "the delete rolled back with the caller's transaction")
+	})
+
+	// SQLite has no row locks: while another transaction holds the write
+	// lock, the pool's delete queues for it (up to the DSN's busy timeout)
+	// instead of failing at once, then runs.
+	t.Run("QueuesForWriteLock", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t, nil)
+		ex := b.dialect.DB()
+		seed(ctx, t, ex)
+
+		holder := b.begin(ctx, t)
+		seedClaim(ctx, t, b.dialect.Tx(holder), "orders", "held", 9, now, time.Minute, time.Hour)
+		done := make(chan int, 1)
+		go func() {
+			pinned := now
+			n, err := ex.DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: 10, Now: &pinned})
+			if err != nil {
+				n = -1
+			}
+			done <- n
+		}()
+		select {
+		case n := <-done:
+			require.Failf(t, "delete did not wait for the write lock", "returned %d", n)
+		case <-time.After(200 * time.Millisecond):
+		}
+		require.NoError(t, b.dialect.Commit(ctx, holder))
+		select {
+		case n := <-done:
+			require.Equal(t, 5, n)
+		case <-time.After(3 * time.Second):
+			require.Fail(t, "delete still waiting after the holder committed")
+		}
+		require.Equal(t, []string{"held", "live1", "live2"}, recordKeys(ctx, t, b.db))
+	})
+
+	// Past the DSN's busy timeout the delete reports the database as busy,
+	// and leaves its connection with the DSN's busy timeout.
+	t.Run("BusyPastTimeout", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "idem.db")+
+			"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(200)&_txlock=immediate")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		require.NoError(t, idemsqlite.Migrate(ctx, db))
+		db.SetMaxOpenConns(2)
+		d := idemsqlite.New(db)
+		seed(ctx, t, d.DB())
+
+		holder, err := d.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = d.Rollback(context.WithoutCancel(ctx), holder) })
+		start := time.Now()
+		_, err = d.DB().DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: 10, Now: &now})
+		elapsed := time.Since(start)
+		require.ErrorIs(t, err, idem.ErrStoreUnavailable)
+		require.Equal(t, sqlite3.SQLITE_BUSY, sqliteCode(err)&0xff)
+		require.GreaterOrEqual(t, elapsed, 190*time.Millisecond)
+		require.Less(t, elapsed, 3*time.Second)
+		require.NoError(t, d.Rollback(ctx, holder))
+
+		for range 2 {
+			conn, err := db.Conn(ctx)
+			require.NoError(t, err)
+			defer func() { _ = conn.Close() }()
+			var busy int
+			require.NoError(t, conn.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy))
+			require.Equal(t, 200, busy)
+		}
+	})
+
+	// SQLite's lock has no queue and its busy handler sleeps up to 100ms
+	// between tries: the delete polls more often, so that writers committing
+	// back to back do not starve it.
+	t.Run("NotStarvedByBackToBackWriters", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t, nil)
+		ex := b.dialect.DB()
+		seed(ctx, t, ex)
+
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var writes int
+		wg.Go(func() {
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				tx, err := b.db.BeginTx(ctx, nil)
+				if err != nil {
+					return
+				}
+				_, _ = tx.ExecContext(ctx, `INSERT INTO orders (ref) VALUES ('busy')`)
+				if tx.Commit() == nil {
+					writes++
+				}
+			}
+		})
+		time.Sleep(50 * time.Millisecond) // let the writer loop start
+		start := time.Now()
+		n, err := ex.DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: 10, Now: &now})
+		elapsed := time.Since(start)
+		close(stop)
+		wg.Wait()
+		require.NoError(t, err)
+		require.Equal(t, 5, n)
+		require.Less(t, elapsed, 2*time.Second)
+		require.Positive(t, writes)
+		t.Logf("deleted after %v, %d writes meanwhile", elapsed, writes)
+	})
+}
+
+// The reaper's statements walk their indexes, with no table scan and no
+// sort, before and after ANALYZE has given the planner statistics.
+func TestReaperQueryPlans(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, nil)
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+
+	// 300 records, most of them expired and a tenth processing, in one
+	// transaction.
+	tx := b.begin(ctx, t)
+	ex := b.dialect.Tx(tx)
+	for i := range 300 {
+		key := "k" + strconv.Itoa(i)
+		claimedAt := now.Add(-time.Duration(i) * time.Minute)
+		if i%10 == 0 {
+			seedClaim(ctx, t, ex, "orders", key, int64(i), claimedAt, time.Minute, time.Hour)
+			continue
+		}
+		seedCompleted(ctx, t, ex, "orders", key, idem.StatusSucceeded, claimedAt, time.Hour)
+	}
+	require.NoError(t, b.dialect.Commit(ctx, tx))
+
+	plan := func(query string, args ...any) []string {
+		t.Helper()
+		rows, err := b.db.QueryContext(ctx, `EXPLAIN QUERY PLAN `+query, args...)
+		require.NoError(t, err)
+		defer func() { _ = rows.Close() }()
+		var details []string
+		for rows.Next() {
+			var id, parent, unused int
+			var detail string
+			require.NoError(t, rows.Scan(&id, &parent, &unused, &detail))
+			details = append(details, detail)
+		}
+		require.NoError(t, rows.Err())
+		return details
+	}
+	check := func(details []string, want ...string) {
+		t.Helper()
+		for _, w := range want {
+			require.Contains(t, details, w)
+		}
+		for _, d := range details {
+			require.NotContains(t, d, "SCAN", "a table scan: %v", details)
+			require.NotContains(t, d, "TEMP B-TREE", "a sort: %v", details)
+		}
+	}
+	nowUs := now.UnixMicro()
+	for _, analyzed := range []bool{false, true} {
+		if analyzed {
+			_, err := b.db.ExecContext(ctx, `ANALYZE`)
+			require.NoError(t, err)
+		}
+		check(plan(idemsqlite.StaleLeasesSelect, nowUs, nowUs, 100),
+			"SEARCH idempotency_keys USING INDEX idempotency_keys_stale_lease_idx (lease_expires_at<?)")
+		check(plan(idemsqlite.ExpiredDelete, nowUs, 100),
+			"SEARCH idempotency_keys USING INTEGER PRIMARY KEY (rowid=?)",
+			"SEARCH idempotency_keys USING COVERING INDEX idempotency_keys_expires_at_idx (expires_at<?)")
+	}
 }

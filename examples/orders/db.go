@@ -1,0 +1,332 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemstore/idem"
+	idemmysql "github.com/idemstore/idem/mysql"
+	idempg "github.com/idemstore/idem/postgres"
+	idemsqlite "github.com/idemstore/idem/sqlite"
+)
+
+const (
+	dialectSQLite   = "sqlite"
+	dialectPostgres = "postgres"
+	dialectMySQL    = "mysql"
+)
+
+// database is an opened, migrated database, whatever its dialect.
+type database struct {
+	dialect  string
+	describe string // for the ready line; never holds a password
+	close    func()
+	// service builds the API over this database: the idem store, its
+	// reaper and the routes.
+	service func(ctx context.Context, o *options, logger *slog.Logger) (*service, error)
+	// countOrders counts a tenant's orders, for the demo's table.
+	countOrders func(ctx context.Context, tenant string) (int, error)
+}
+
+// service is the API, ready to serve.
+type service struct {
+	handler http.Handler
+	// reap runs the reaper until ctx ends.
+	reap func(ctx context.Context)
+}
+
+// openDatabase opens the database named by spec (see the -db flag), applies
+// idem's migrations and creates the orders table if it is missing.
+func openDatabase(ctx context.Context, spec string) (*database, error) {
+	switch {
+	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
+		return openPostgres(ctx, spec)
+	case strings.HasPrefix(spec, "mysql://"):
+		return openMySQL(ctx, strings.TrimPrefix(spec, "mysql://"))
+	case spec == "":
+		dir, err := os.MkdirTemp("", "idem-orders-")
+		if err != nil {
+			return nil, err
+		}
+		db, err := openSQLite(ctx, filepath.Join(dir, "orders.db"))
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+		closeDB := db.close
+		db.close = func() { closeDB(); _ = os.RemoveAll(dir) }
+		return db, nil
+	default:
+		return openSQLite(ctx, spec)
+	}
+}
+
+func openSQLite(ctx context.Context, path string) (*database, error) {
+	db, err := idemsqlite.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := prepare(ctx, func() error { return idemsqlite.Migrate(ctx, db) }, func(q string) error {
+		_, err := db.ExecContext(ctx, q)
+		return err
+	}, sqliteSchema); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return newDatabase(dialectSQLite, "SQLite file "+path, idemsqlite.New(db), &sqlOrders{db: db}, func() { _ = db.Close() }), nil
+}
+
+func openPostgres(ctx context.Context, url string) (*database, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("-db: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := prepare(ctx, func() error { return idempg.Migrate(ctx, pool) }, func(q string) error {
+		_, err := pool.Exec(ctx, q)
+		return err
+	}, postgresSchema); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	describe := fmt.Sprintf("PostgreSQL %s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
+	return newDatabase(dialectPostgres, describe, idempg.New(pool), &pgOrders{pool: pool}, pool.Close), nil
+}
+
+// openMySQL opens a go-sql-driver DSN, adding the parameters idem needs:
+// parseTime=true and loc=UTC, plus interpolateParams=true to save a round
+// trip per statement.
+func openMySQL(ctx context.Context, dsn string) (*database, error) {
+	cfg, err := gomysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("-db: %w", err)
+	}
+	if cfg.DBName == "" {
+		return nil, errors.New("-db: the mysql:// DSN must name a database, as in mysql://root@tcp(127.0.0.1:3306)/shop")
+	}
+	cfg.ParseTime = true
+	cfg.Loc = time.UTC
+	cfg.InterpolateParams = true
+	conn, err := gomysql.NewConnector(cfg)
+	if err != nil {
+		return nil, err
+	}
+	db := sql.OpenDB(conn)
+	db.SetMaxOpenConns(10)
+	db.SetMaxIdleConns(10)
+	if err := prepare(ctx, func() error { return idemmysql.Migrate(ctx, db) }, func(q string) error {
+		_, err := db.ExecContext(ctx, q)
+		return err
+	}, mysqlSchema); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return newDatabase(dialectMySQL, "MySQL/MariaDB "+cfg.Addr+"/"+cfg.DBName, idemmysql.New(db), &sqlOrders{db: db}, func() { _ = db.Close() }), nil
+}
+
+// prepare applies idem's migrations, then the orders table.
+func prepare(ctx context.Context, migrate func() error, exec func(string) error, schema string) error {
+	if err := migrate(); err != nil {
+		return fmt.Errorf("migrate idem's table: %w", err)
+	}
+	if err := exec(schema); err != nil {
+		return fmt.Errorf("create the orders table: %w", err)
+	}
+	return ctx.Err()
+}
+
+// newDatabase ties a dialect, whose transaction type is TTx, to the orders
+// table on the same database.
+func newDatabase[TTx any](dialect, describe string, d idem.Dialect[TTx], orders orderRepo[TTx], closeFn func()) *database {
+	return &database{
+		dialect:  dialect,
+		describe: describe,
+		close:    closeFn,
+		service: func(ctx context.Context, o *options, logger *slog.Logger) (*service, error) {
+			store, err := idem.New(d, &idem.Config{
+				LeaseDuration: o.lease,
+				Retention:     o.retention,
+				WaitTimeout:   o.waitTimeout,
+				Logger:        logger,
+			})
+			if err != nil {
+				return nil, err
+			}
+			reaper, err := idem.NewReaper(store, &idem.ReaperConfig{Interval: o.reapInterval})
+			if err != nil {
+				return nil, err
+			}
+			a := &api[TTx]{orders: orders, delay: o.handlerDelay}
+			return &service{
+				handler: a.routes(store, logger),
+				reap:    func(ctx context.Context) { _ = reaper.Run(ctx) },
+			}, nil
+		},
+		countOrders: orders.count,
+	}
+}
+
+// The orders table, with its own unique constraint on (tenant,
+// idempotency_key): the business backstop, so that even a bug above it could
+// not write a second order for one key.
+const (
+	postgresSchema = `CREATE TABLE IF NOT EXISTS orders (
+	id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	tenant          text NOT NULL,
+	idempotency_key text NOT NULL,
+	sku             text NOT NULL,
+	qty             bigint NOT NULL CHECK (qty > 0),
+	amount_cents    bigint NOT NULL CHECK (amount_cents > 0),
+	created_at      timestamptz NOT NULL,
+	UNIQUE (tenant, idempotency_key)
+)`
+	mysqlSchema = `CREATE TABLE IF NOT EXISTS orders (
+	id              BIGINT AUTO_INCREMENT PRIMARY KEY,
+	tenant          VARCHAR(255) NOT NULL,
+	idempotency_key VARBINARY(255) NOT NULL,
+	sku             VARCHAR(255) NOT NULL,
+	qty             BIGINT NOT NULL CHECK (qty > 0),
+	amount_cents    BIGINT NOT NULL CHECK (amount_cents > 0),
+	created_at      DATETIME(6) NOT NULL,
+	UNIQUE KEY orders_tenant_key (tenant, idempotency_key)
+) ENGINE = InnoDB`
+	sqliteSchema = `CREATE TABLE IF NOT EXISTS orders (
+	id              INTEGER PRIMARY KEY,
+	tenant          TEXT NOT NULL,
+	idempotency_key TEXT NOT NULL,
+	sku             TEXT NOT NULL,
+	qty             INTEGER NOT NULL CHECK (qty > 0),
+	amount_cents    INTEGER NOT NULL CHECK (amount_cents > 0),
+	created_at      DATETIME NOT NULL,
+	UNIQUE (tenant, idempotency_key)
+)`
+)
+
+// order is one row of the orders table, and its JSON form.
+type order struct {
+	ID          int64     `json:"id"`
+	Tenant      string    `json:"tenant"`
+	SKU         string    `json:"sku"`
+	Qty         int64     `json:"qty"`
+	AmountCents int64     `json:"amount_cents"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// errNoOrder is returned when a tenant has no order with the ID asked for.
+var errNoOrder = errors.New("no such order")
+
+// orderRepo reads and writes orders; insert runs on the transaction the
+// middleware claimed the key in.
+type orderRepo[TTx any] interface {
+	insert(ctx context.Context, tx TTx, key string, o *order) error
+	get(ctx context.Context, tenant string, id int64) (*order, error)
+	list(ctx context.Context, tenant string) ([]order, error)
+	count(ctx context.Context, tenant string) (int, error)
+}
+
+// pgOrders is orderRepo on PostgreSQL.
+type pgOrders struct{ pool *pgxpool.Pool }
+
+func (p *pgOrders) insert(ctx context.Context, tx pgx.Tx, key string, o *order) error {
+	return tx.QueryRow(ctx, `INSERT INTO orders (tenant, idempotency_key, sku, qty, amount_cents, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
+		o.Tenant, key, o.SKU, o.Qty, o.AmountCents, o.CreatedAt).Scan(&o.ID)
+}
+
+func (p *pgOrders) get(ctx context.Context, tenant string, id int64) (*order, error) {
+	o := &order{}
+	err := p.pool.QueryRow(ctx, `SELECT id, tenant, sku, qty, amount_cents, created_at
+		FROM orders WHERE tenant = $1 AND id = $2`, tenant, id).
+		Scan(&o.ID, &o.Tenant, &o.SKU, &o.Qty, &o.AmountCents, &o.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, errNoOrder
+	}
+	o.CreatedAt = o.CreatedAt.UTC()
+	return o, err
+}
+
+func (p *pgOrders) list(ctx context.Context, tenant string) ([]order, error) {
+	rows, err := p.pool.Query(ctx, `SELECT id, tenant, sku, qty, amount_cents, created_at
+		FROM orders WHERE tenant = $1 ORDER BY id`, tenant)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (order, error) {
+		var o order
+		err := row.Scan(&o.ID, &o.Tenant, &o.SKU, &o.Qty, &o.AmountCents, &o.CreatedAt)
+		o.CreatedAt = o.CreatedAt.UTC()
+		return o, err
+	})
+}
+
+func (p *pgOrders) count(ctx context.Context, tenant string) (int, error) {
+	var n int
+	err := p.pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE tenant = $1`, tenant).Scan(&n)
+	return n, err
+}
+
+// sqlOrders is orderRepo on database/sql, for MySQL and SQLite. Both
+// drivers read a DATETIME column back into a time.Time.
+type sqlOrders struct{ db *sql.DB }
+
+func (s *sqlOrders) insert(ctx context.Context, tx *sql.Tx, key string, o *order) error {
+	res, err := tx.ExecContext(ctx, `INSERT INTO orders (tenant, idempotency_key, sku, qty, amount_cents, created_at)
+		VALUES (?, ?, ?, ?, ?, ?)`, o.Tenant, key, o.SKU, o.Qty, o.AmountCents, o.CreatedAt)
+	if err != nil {
+		return err
+	}
+	o.ID, err = res.LastInsertId()
+	return err
+}
+
+func (s *sqlOrders) get(ctx context.Context, tenant string, id int64) (*order, error) {
+	o := &order{}
+	err := s.db.QueryRowContext(ctx, `SELECT id, tenant, sku, qty, amount_cents, created_at
+		FROM orders WHERE tenant = ? AND id = ?`, tenant, id).
+		Scan(&o.ID, &o.Tenant, &o.SKU, &o.Qty, &o.AmountCents, &o.CreatedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errNoOrder
+	}
+	o.CreatedAt = o.CreatedAt.UTC()
+	return o, err
+}
+
+func (s *sqlOrders) list(ctx context.Context, tenant string) ([]order, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, tenant, sku, qty, amount_cents, created_at
+		FROM orders WHERE tenant = ? ORDER BY id`, tenant)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []order{}
+	for rows.Next() {
+		var o order
+		if err := rows.Scan(&o.ID, &o.Tenant, &o.SKU, &o.Qty, &o.AmountCents, &o.CreatedAt); err != nil {
+			return nil, err
+		}
+		o.CreatedAt = o.CreatedAt.UTC()
+		out = append(out, o)
+	}
+	return out, rows.Err()
+}
+
+func (s *sqlOrders) count(ctx context.Context, tenant string) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM orders WHERE tenant = ?`, tenant).Scan(&n)
+	return n, err
+}

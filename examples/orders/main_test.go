@@ -1,0 +1,276 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemstore/idem/internal/testdb"
+	idemsqlite "github.com/idemstore/idem/sqlite"
+)
+
+// TestMain runs the command itself when a test re-executes the test binary
+// with ORDERS_RUN_MAIN=1, so that real signals can be sent to it.
+func TestMain(m *testing.M) {
+	if os.Getenv("ORDERS_RUN_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestDemo plays the demo on every database: it must print its table and
+// report every step as expected.
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		playDemoOn(t, filepath.Join(t.TempDir(), "orders.db"))
+	})
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		playDemoOn(t, postgresSchemaURL(t))
+	})
+	t.Run("mariadb", func(t *testing.T) {
+		t.Parallel()
+		playDemoOn(t, mysqlDatabaseDSN(t))
+	})
+}
+
+func playDemoOn(t *testing.T, db string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := run(t.Context(), []string{"-demo", "-db", db}, &out, &errOut)
+	t.Log("\n" + out.String())
+	require.NoError(t, err, errOut.String())
+	require.Regexp(t, `^orders: serving on http://127\.0\.0\.1:\d+ `, out.String(), "one ready line first")
+	require.Contains(t, out.String(), "All 10 steps behaved as expected.")
+	require.NotContains(t, out.String(), "FAILED")
+	for _, step := range []string{"first POST", "client retries", "JSON keys reordered", "amount changed",
+		"50 concurrent duplicates", "no Idempotency-Key", "another tenant, same key", "in-flight duplicate"} {
+		require.Contains(t, out.String(), step)
+	}
+}
+
+// postgresSchemaURL returns the test server's URL with a search_path on a
+// fresh schema, dropped when t ends.
+func postgresSchemaURL(t *testing.T) string {
+	t.Helper()
+	url := testdb.PostgresURL(t)
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
+	schema := testdb.Name()
+	_, err = conn.Exec(ctx, "CREATE SCHEMA "+schema)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := conn.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE")
+		assert.NoError(t, err)
+	})
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	return url + sep + "search_path=" + schema
+}
+
+// mysqlDatabaseDSN returns mysql:// and the test server's DSN on a fresh
+// database, dropped when t ends.
+func mysqlDatabaseDSN(t *testing.T) string {
+	t.Helper()
+	dsn := testdb.MySQLDSN(t, func(dsn string) (string, error) {
+		cfg, err := gomysql.ParseDSN(dsn)
+		if err != nil {
+			return "", err
+		}
+		return cfg.Addr, nil
+	})
+	cfg, err := gomysql.ParseDSN(dsn)
+	require.NoError(t, err)
+	admin, err := sql.Open("mysql", cfg.FormatDSN())
+	require.NoError(t, err)
+	admin.SetMaxOpenConns(1)
+	t.Cleanup(func() { _ = admin.Close() })
+	name := testdb.Name()
+	_, err = admin.ExecContext(t.Context(), "CREATE DATABASE "+name)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := admin.ExecContext(context.WithoutCancel(t.Context()), "DROP DATABASE IF EXISTS "+name)
+		assert.NoError(t, err)
+	})
+	cfg.DBName = name
+	cfg.ParseTime = false // the service adds what it needs
+	return "mysql://" + cfg.FormatDSN()
+}
+
+// TestAPI checks the routes the demo does not use, and the orders table's
+// own unique constraint.
+func TestAPI(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "orders.db")
+	db, err := openDatabase(ctx, path)
+	require.NoError(t, err)
+	t.Cleanup(db.close)
+	o, err := parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	svc, err := db.service(ctx, o, nil)
+	require.NoError(t, err)
+	srv := httptest.NewServer(svc.handler)
+	t.Cleanup(srv.Close)
+
+	do := func(method, path, tenant, key, body string) (*http.Response, []byte) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
+		require.NoError(t, err)
+		if tenant != "" {
+			req.Header.Set("X-Tenant-ID", tenant)
+		}
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, b
+	}
+	code := func(body []byte) string {
+		var e struct{ Code string }
+		require.NoError(t, json.Unmarshal(body, &e))
+		return e.Code
+	}
+
+	resp, created := do("POST", "/orders", "acme", "api-test-key-1", `{"sku":"tea","qty":2,"amount_cents":900}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	var order map[string]any
+	require.NoError(t, json.Unmarshal(created, &order))
+	for _, field := range []string{"id", "tenant", "sku", "qty", "amount_cents", "created_at"} {
+		require.Contains(t, order, field)
+	}
+	location := resp.Header.Get("Location")
+	require.Regexp(t, `^/orders/\d+$`, location)
+
+	resp, got := do("GET", location, "acme", "", "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.JSONEq(t, string(created), string(got), "GET returns the order as created")
+	resp, list := do("GET", "/orders", "acme", "", "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var listed struct {
+		Count  int              `json:"count"`
+		Orders []map[string]any `json:"orders"`
+	}
+	require.NoError(t, json.Unmarshal(list, &listed))
+	require.Equal(t, 1, listed.Count)
+	require.Len(t, listed.Orders, 1)
+
+	resp, _ = do("GET", location, "globex", "", "")
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, "another tenant's order does not exist for it")
+	resp, list = do("GET", "/orders", "globex", "", "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.JSONEq(t, `{"count":0,"orders":[]}`, string(list))
+
+	for _, r := range []struct{ method, path, key string }{{"GET", "/orders", ""}, {"GET", location, ""}, {"POST", "/orders", "api-test-key-2"}} {
+		resp, body := do(r.method, r.path, "", r.key, `{"sku":"tea","qty":2,"amount_cents":900}`)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, r)
+		require.Equal(t, "tenant_missing", code(body))
+	}
+	for _, bad := range []string{`{"sku":"tea","qty":0,"amount_cents":900}`, `{"sku":"tea","qty":1,"amount_cents":-1}`, `{"qty":1,"amount_cents":1}`} {
+		resp, body := do("POST", "/orders", "acme", "api-test-key-3", bad)
+		require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, bad)
+		require.Equal(t, "validation_failed", code(body))
+	}
+	resp, body := do("POST", "/orders", "acme", "api-test-key-3", `{"sku":"tea","qty":"two"}`)
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	require.Equal(t, "invalid_body", code(body))
+
+	// The business backstop: a second order for one (tenant, key) cannot
+	// be written, whatever happens above the table.
+	raw, err := idemsqlite.Open(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = raw.Close() })
+	_, err = raw.ExecContext(ctx, `INSERT INTO orders (tenant, idempotency_key, sku, qty, amount_cents, created_at)
+		VALUES ('acme', 'api-test-key-1', 'tea', 2, 900, ?)`, time.Now())
+	require.Error(t, err, "the unique constraint on (tenant, idempotency_key) holds")
+}
+
+func TestFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"-no-such-flag"},
+		{"stray-argument"},
+		{"-db", "mysql://root@tcp(127.0.0.1:3306)/"}, // no database
+		{"-db", "postgres://%zz"},
+		{"-wait-timeout", "soon"},
+	} {
+		require.Error(t, run(t.Context(), args, io.Discard, io.Discard), "%q", args)
+	}
+}
+
+// TestShutdownOnSignal runs the command as a process and stops it with
+// SIGINT and SIGTERM: a request in flight still gets its answer, the
+// process exits 0, and the temporary database is removed.
+func TestShutdownOnSignal(t *testing.T) {
+	t.Parallel()
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.CommandContext(t.Context(), os.Args[0], "-addr", "127.0.0.1:0", "-handler-delay", "700ms")
+			cmd.Env = append(os.Environ(), "ORDERS_RUN_MAIN=1")
+			stdout, err := cmd.StdoutPipe()
+			require.NoError(t, err)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			require.NoError(t, cmd.Start())
+
+			lines := bufio.NewScanner(stdout)
+			require.True(t, lines.Scan(), "the ready line")
+			ready := regexp.MustCompile(`^orders: serving on (http://\S+) \(database: SQLite file (.+)\)$`).FindStringSubmatch(lines.Text())
+			require.NotNil(t, ready, lines.Text())
+			base, dbPath := ready[1], ready[2]
+			require.FileExists(t, dbPath)
+
+			inFlight := make(chan int, 1)
+			go func() {
+				req, _ := http.NewRequest(http.MethodPost, base+"/orders", strings.NewReader(`{"sku":"tea","qty":1,"amount_cents":100}`))
+				req.Header.Set("X-Tenant-ID", "acme")
+				req.Header.Set("Idempotency-Key", "signal-test-key-1")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					inFlight <- 0
+					return
+				}
+				resp.Body.Close()
+				inFlight <- resp.StatusCode
+			}()
+			time.Sleep(300 * time.Millisecond) // the request is in its handler
+			require.NoError(t, cmd.Process.Signal(sig))
+
+			require.Equal(t, http.StatusCreated, <-inFlight, "the request in flight finished")
+			rest, _ := io.ReadAll(stdout)
+			require.NoError(t, cmd.Wait(), "exit status 0; stderr: %s", stderr.String())
+			require.Contains(t, string(rest), "orders: stopped")
+			require.NoDirExists(t, filepath.Dir(dbPath), "the temporary database is removed")
+		})
+	}
+}

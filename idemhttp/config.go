@@ -1,0 +1,213 @@
+package idemhttp
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Config configures the middleware made by [New]. A nil *Config, and every
+// zero field, means the default.
+type Config struct {
+	// Methods are the request methods the middleware protects; requests
+	// with other methods pass through untouched. Defaults to POST and PATCH.
+	Methods []string
+
+	// Header is the request header that carries the key. Defaults to
+	// "Idempotency-Key".
+	Header string
+
+	// KeyFormat is what a key must match, after the structured-field
+	// quotes are removed ("abc" and abc are the same key). Anchor it. Keys
+	// are also refused when longer than idem.MaxKeyLength, with control
+	// characters, or sent on more than one header line. Defaults to
+	// ^[A-Za-z0-9_-]{12,64}$.
+	KeyFormat *regexp.Regexp
+
+	// KeyOptional, if set, reports whether a request without a key may pass
+	// through to the handler unprotected (no claim, no transaction, no
+	// replay). Defaults to nil: a request without a key gets 400 with
+	// CodeKeyMissing.
+	KeyOptional func(r *http.Request) bool
+
+	// Tenant returns the tenant a request acts for, for example from an
+	// authenticated principal in its context or a header. The same key in
+	// two tenants names two records, and the tenant is part of the
+	// fingerprint. An error refuses the request: an *Error is answered as
+	// it is, any other error with 400 and CodeTenantInvalid. Defaults to
+	// nil: one tenant, "".
+	Tenant func(r *http.Request) (string, error)
+
+	// Fingerprint, if set, chooses what of the request the fingerprint
+	// covers besides the method, the route, the request target and the
+	// tenant, which it always covers. It gets the body in canonical form
+	// (see the package documentation) and returns the bytes to hash in its
+	// place: some of the JSON fields, or the body followed by header values
+	// that matter. r's body has been read already; use body. An *Error
+	// refuses the request as it is, any other error with 400 and
+	// CodeFingerprintFailed. Defaults to nil: the whole canonical body.
+	Fingerprint func(r *http.Request, body []byte) ([]byte, error)
+
+	// MaxBodyBytes bounds the request body, both as sent and after gzip
+	// decoding; a larger one gets 413 with CodeBodyTooLarge. The body is
+	// read whole, before the handler runs, to fingerprint it. Defaults to
+	// 1 MiB.
+	MaxBodyBytes int64
+
+	// MaxJSONDepth bounds how deeply a JSON body's arrays and objects may
+	// nest; a deeper one gets 400 with CodeBodyInvalid. Defaults to 64.
+	MaxJSONDepth int
+
+	// MaxResponseBytes bounds the body of a response that is stored: a 2xx
+	// or 3xx, or a failure marked final. A larger one cannot be stored, so
+	// its transaction is rolled back (nothing happened) and the client gets
+	// 500 with CodeResponseTooLarge; the key stays free. Failure responses
+	// that are not stored pass through whatever their size. Defaults to
+	// 1 MiB.
+	MaxResponseBytes int
+
+	// ReplayHeaders are response headers stored and replayed besides
+	// Content-Type, Content-Encoding, Location, ETag and Cache-Control.
+	// Set-Cookie, Authorization, Proxy-Authenticate, Proxy-Authorization,
+	// hop-by-hop headers and the headers the middleware sets itself are
+	// never stored, even if listed. Defaults to none.
+	ReplayHeaders []string
+
+	// MismatchStatus is the status of a key reused with a different
+	// request (CodeKeyReused). Defaults to 409 Conflict;
+	// [MismatchStatusIETF] (422) follows the IETF draft.
+	MismatchStatus int
+
+	// Timeout bounds the transaction of a request, from the claim to the
+	// commit, handler included. The transaction does not end when the
+	// client goes away or times out: it runs to completion within Timeout
+	// and commits, so that the client's retry is answered with the stored
+	// response. Defaults to 30s.
+	Timeout time.Duration
+
+	// UnavailableRetryAfter is the Retry-After of a 503 with
+	// CodeStoreUnavailable. Defaults to 2s.
+	UnavailableRetryAfter time.Duration
+
+	// Logger receives one record per protected request: its outcome, the
+	// status, the request ID, short digests of the key and the scope, a
+	// fingerprint prefix and the latency. It never receives a raw key,
+	// tenant or body. Defaults to discarding everything.
+	Logger *slog.Logger
+
+	// RenderError writes the middleware's error responses. The X-Request-Id
+	// header, and Retry-After where it applies, are set before it is
+	// called. Defaults to [WriteError], the JSON error contract; replace it
+	// to answer with RFC 9457 problem details, for example.
+	RenderError func(w http.ResponseWriter, r *http.Request, e *Error)
+}
+
+const (
+	defaultHeader                = "Idempotency-Key"
+	defaultMaxBodyBytes          = 1 << 20
+	defaultMaxJSONDepth          = 64
+	defaultMaxResponseBytes      = 1 << 20
+	defaultTimeout               = 30 * time.Second
+	defaultUnavailableRetryAfter = 2 * time.Second
+)
+
+// defaultReplayHeaders are always stored and replayed when the handler sets
+// them. Content-Encoding is among them because the body is stored as sent:
+// replayed without it, an encoded body would be unreadable.
+var defaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Location", "Etag", "Cache-Control"}
+
+// neverReplayed are response headers that are never stored: credentials,
+// hop-by-hop headers (RFC 9110 section 7.6.1), and the headers the
+// middleware or the server set per response.
+var neverReplayed = map[string]bool{
+	"Set-Cookie":          true,
+	"Authorization":       true,
+	"Proxy-Authenticate":  true,
+	"Proxy-Authorization": true,
+	"Connection":          true,
+	"Keep-Alive":          true,
+	"Proxy-Connection":    true,
+	"Te":                  true,
+	"Trailer":             true,
+	"Transfer-Encoding":   true,
+	"Upgrade":             true,
+	"Content-Length":      true,
+	"Date":                true,
+	requestIDHeader:       true,
+	replayedHeader:        true,
+}
+
+// settings is a Config with the defaults applied, plus lookup tables.
+type settings struct {
+	Config
+	methods map[string]bool
+	replay  map[string]bool
+}
+
+func (c *Config) settings() (*settings, error) {
+	var s settings
+	if c != nil {
+		s.Config = *c
+	}
+	if s.Methods == nil {
+		s.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	if s.Header == "" {
+		s.Header = defaultHeader
+	}
+	if s.KeyFormat == nil {
+		s.KeyFormat = defaultKeyFormat
+	}
+	if s.MaxBodyBytes == 0 {
+		s.MaxBodyBytes = defaultMaxBodyBytes
+	}
+	if s.MaxJSONDepth == 0 {
+		s.MaxJSONDepth = defaultMaxJSONDepth
+	}
+	if s.MaxResponseBytes == 0 {
+		s.MaxResponseBytes = defaultMaxResponseBytes
+	}
+	if s.MismatchStatus == 0 {
+		s.MismatchStatus = http.StatusConflict
+	}
+	if s.Timeout == 0 {
+		s.Timeout = defaultTimeout
+	}
+	if s.UnavailableRetryAfter == 0 {
+		s.UnavailableRetryAfter = defaultUnavailableRetryAfter
+	}
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	if s.RenderError == nil {
+		s.RenderError = func(w http.ResponseWriter, _ *http.Request, e *Error) { WriteError(w, e) }
+	}
+	switch {
+	case s.MaxBodyBytes < 0:
+		return nil, fmt.Errorf("MaxBodyBytes %d is negative", s.MaxBodyBytes)
+	case s.MaxJSONDepth < 0:
+		return nil, fmt.Errorf("MaxJSONDepth %d is negative", s.MaxJSONDepth)
+	case s.MaxResponseBytes < 0:
+		return nil, fmt.Errorf("MaxResponseBytes %d is negative", s.MaxResponseBytes)
+	case s.MismatchStatus < 400 || s.MismatchStatus > 499:
+		return nil, fmt.Errorf("MismatchStatus %d is not a 4xx status", s.MismatchStatus)
+	case s.Timeout < 0:
+		return nil, fmt.Errorf("Timeout %s is negative", s.Timeout)
+	case s.UnavailableRetryAfter < 0:
+		return nil, fmt.Errorf("UnavailableRetryAfter %s is negative", s.UnavailableRetryAfter)
+	}
+	s.methods = map[string]bool{}
+	for _, m := range s.Methods {
+		s.methods[strings.ToUpper(m)] = true
+	}
+	s.replay = map[string]bool{}
+	for _, h := range append(append([]string(nil), defaultReplayHeaders...), s.ReplayHeaders...) {
+		if h = http.CanonicalHeaderKey(h); !neverReplayed[h] {
+			s.replay[h] = true
+		}
+	}
+	return &s, nil
+}

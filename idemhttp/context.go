@@ -1,0 +1,114 @@
+package idemhttp
+
+import (
+	"context"
+	"sync/atomic"
+)
+
+// attemptKey is the context key of the *attempt a handler runs in.
+type attemptKey struct{}
+
+// attempt is what one run of the handler can see and tell through its
+// request's context. Each run (the first, and each one after a retryable
+// transaction failure) gets its own.
+type attempt struct {
+	tx        any // the store's TTx
+	key       string
+	scope     string
+	requestID string
+	// final and retry are set by the handler, possibly from goroutines it
+	// started; ended is set when the handler returned.
+	final, retry, ended atomic.Bool
+}
+
+func attemptFrom(ctx context.Context) *attempt {
+	a, _ := ctx.Value(attemptKey{}).(*attempt)
+	return a
+}
+
+// Tx returns the business transaction of the request whose context is ctx,
+// typed as the store's transaction type (pgx.Tx for package postgres,
+// *sql.Tx for packages mysql and sqlite). The idempotency key is already
+// claimed in it: run the handler's writes on it, and they commit together
+// with the stored response, or not at all. Never commit or roll it back.
+//
+// ok is false outside a handler called by the middleware, after the handler
+// returned (the transaction is finished then), and when TTx is not the
+// store's transaction type.
+func Tx[TTx any](ctx context.Context) (tx TTx, ok bool) {
+	a := attemptFrom(ctx)
+	if a == nil || a.ended.Load() {
+		return tx, false
+	}
+	tx, ok = a.tx.(TTx)
+	return tx, ok
+}
+
+// Key returns the idempotency key of the request whose context is ctx, as
+// the middleware parsed it (unquoted), so the handler never re-parses the
+// header. Use it for a business unique constraint, such as a unique
+// (tenant, idempotency_key) on the orders table. ok is false outside the
+// middleware.
+func Key(ctx context.Context) (key string, ok bool) {
+	if a := attemptFrom(ctx); a != nil {
+		return a.key, true
+	}
+	return "", false
+}
+
+// Scope returns the scope the key is claimed in: the tenant and the
+// operation (see Config.Tenant). ok is false outside the middleware.
+func Scope(ctx context.Context) (scope string, ok bool) {
+	if a := attemptFrom(ctx); a != nil {
+		return a.scope, true
+	}
+	return "", false
+}
+
+// RequestID returns the request ID the middleware answers with (from the
+// X-Request-Id request header, or generated), or "" outside the middleware.
+func RequestID(ctx context.Context) string {
+	if a := attemptFrom(ctx); a != nil {
+		return a.requestID
+	}
+	return ""
+}
+
+// MarkFinal marks the handler's failure response (4xx or 5xx) as final: its
+// side effects happened and must stand, so the middleware stores the
+// response, commits the transaction with the handler's writes, and replays
+// the response to every retry instead of running the handler again (for
+// example a declined payment that was recorded). Without it, a 4xx or 5xx
+// rolls the transaction back and leaves the key free for a corrected retry.
+// It has no effect on a 2xx or 3xx, which is stored anyway.
+//
+// Call it while the handler runs, before or after writing the response. It
+// reports false, and does nothing, outside a handler called by the
+// middleware.
+func MarkFinal(ctx context.Context) bool {
+	a := attemptFrom(ctx)
+	if a == nil || a.ended.Load() {
+		return false
+	}
+	a.final.Store(true)
+	return true
+}
+
+// RetryTransaction asks the middleware to roll this attempt back and run the
+// request again in a new transaction: the handler is called again with a
+// fresh copy of the body and a fresh response, and whatever this attempt
+// wrote is discarded. Use it when the handler's own statement failed because
+// of a concurrent transaction (a deadlock or a serialization failure, as the
+// driver reports it). The store's Config.MaxTxRetries bounds the attempts;
+// past it the client gets 503 with CodeStoreUnavailable.
+//
+// It reports false, and does nothing, outside a handler called by the
+// middleware.
+func RetryTransaction(ctx context.Context) bool {
+	a := attemptFrom(ctx)
+	if a == nil || a.ended.Load() {
+		return false
+	}
+	a.retry.Store(true)
+	return true
+}

@@ -1,0 +1,117 @@
+// Package idemhttp is net/http middleware that speaks the Idempotency-Key
+// protocol on top of an [idem.Store]: a retried request gets the original
+// response, a key reused for another request gets a clear conflict, a
+// duplicate of a request still in flight never runs twice, and the stored
+// response commits in the same transaction as the handler's business writes.
+// docs/http.md describes the protocol for API clients.
+//
+//	store, err := idem.New(idempg.New(pool), nil) // *idem.Store[pgx.Tx]
+//	mw := idemhttp.New(store, &idemhttp.Config{
+//		Tenant: func(r *http.Request) (string, error) { return principal(r).OrgID, nil },
+//	})
+//	mux.Handle("POST /orders", mw(http.HandlerFunc(createOrder)))
+//
+//	func createOrder(w http.ResponseWriter, r *http.Request) {
+//		tx, _ := idemhttp.Tx[pgx.Tx](r.Context()) // the key is claimed in tx
+//		// ... INSERT the order on tx, then write 201 ...
+//	}
+//
+// It depends on the standard library and idem only.
+//
+// # Requests
+//
+// Requests with a method in Config.Methods (POST and PATCH by default) are
+// protected; others pass through untouched. A protected request needs one
+// Idempotency-Key header line matching Config.KeyFormat, sent raw (abc...) or
+// as a structured-field string ("abc..."), which name the same key; otherwise
+// it gets 400 with CodeKeyMissing or CodeKeyInvalid and nothing is stored.
+//
+// The key is claimed in a scope: the tenant (Config.Tenant) and the operation
+// (the method and r.Pattern, or the path when no ServeMux pattern matched).
+// The same key in another tenant or operation is another record.
+//
+// The request's fingerprint is a SHA-256 over the method, the route, the
+// escaped path, the query (parameters sorted by name), the tenant, the
+// body's media type and the body. The body is read whole, bounded by Config.MaxBodyBytes (413 with
+// CodeBodyTooLarge), decoded first if its Content-Encoding is gzip (bounded
+// again after decoding), and canonicalised if its media type is JSON
+// (application/json or +json): object members sorted, insignificant
+// whitespace removed, strings re-escaped one way, numbers kept exactly as
+// written (1 and 1.0 differ; no float rounding ever merges two numbers).
+// Other media types are hashed as bytes. Config.Fingerprint may select what
+// of the body counts, or add headers. The handler gets the body as sent, or
+// decoded from gzip (without the Content-Encoding header then).
+//
+// # Outcomes
+//
+// In the transactional mode, the only mode today, [idem.Store.Do] begins a
+// transaction, claims the key in it, calls the handler with the transaction
+// ([Tx]) and the key ([Key]) in the request context, and captures its
+// response. Then:
+//
+//   - 2xx and 3xx: the response is stored, the transaction commits, and only
+//     then is the response sent. If the commit fails, the client gets 503
+//     with CodeStoreUnavailable and nothing was stored.
+//   - 4xx and 5xx: the transaction rolls back, with the handler's writes, and
+//     the response passes through; the key is free for a corrected retry.
+//     A handler whose failure had effects that must stand calls [MarkFinal]:
+//     the response is then stored, committed and replayed like a success.
+//   - a panic: the transaction rolls back, nothing is stored or sent, and the
+//     panic propagates unchanged to the server (which closes the
+//     connection) or to a recovery middleware placed outside this one. The
+//     key stays free.
+//   - a response larger than Config.MaxResponseBytes that would be stored:
+//     the transaction rolls back and the client gets 500 with
+//     CodeResponseTooLarge, because committing the effect without a stored
+//     response would let a retry run it twice. The key stays free.
+//   - a retryable transaction failure (deadlock, serialization failure, or
+//     [RetryTransaction]): the whole transaction runs again, the handler with
+//     a fresh body and a fresh response, up to the store's MaxTxRetries.
+//
+// The handler's ResponseWriter buffers the response until the transaction
+// ends, so it supports neither Flush nor Hijack: nothing reaches the client
+// before the commit.
+//
+// Retries are answered from the store, without calling the handler:
+//
+//   - same key, same fingerprint, completed: the stored status, the
+//     allowlisted headers (Content-Type, Content-Encoding, Location, ETag,
+//     Cache-Control and Config.ReplayHeaders; never Set-Cookie,
+//     Authorization or hop-by-hop headers) and the body byte for byte, with
+//     Idempotency-Replayed: true;
+//   - same key, another fingerprint: Config.MismatchStatus (409) with
+//     CodeKeyReused; the stored record is unchanged;
+//   - same key, still in progress: 409 with CodeInProgress and Retry-After;
+//   - store unreachable or failing: 503 with CodeStoreUnavailable and
+//     Retry-After. The handler never runs unprotected.
+//
+// A duplicate that arrives while the original's transaction is open waits
+// for it (up to the store's WaitTimeout) and is then replayed, or gets the
+// in-progress 409. On SQLite, which has one writer at a time, it waits at
+// the start of its transaction for the database lock instead (up to the busy
+// timeout, then 503), and is replayed.
+//
+// # Disconnects and timeouts
+//
+// Once the request is accepted, its transaction does not depend on the
+// client: the handler's context is detached from the request's cancellation
+// ([context.WithoutCancel]) and bounded by Config.Timeout instead. A client
+// that times out and retries finds the committed result instead of starting
+// over.
+//
+// # Errors and logs
+//
+// The middleware's own errors are JSON, {"code", "message", "request_id"},
+// with Content-Type application/json; the request ID comes from X-Request-Id
+// or is generated, and is sent back in that header on every protected
+// request. Config.RenderError can render them otherwise. Each protected
+// request logs one record to Config.Logger with its outcome, status, request
+// ID, key digest, scope digest, fingerprint prefix and latency; never the
+// key, tenant or body.
+//
+// # Leased mode
+//
+// Handlers whose effects leave the database (a payment provider call) need
+// the claim committed before they run, with a lease. That mode is not built
+// yet; it will come with idem's leases.
+package idemhttp

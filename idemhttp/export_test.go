@@ -1,0 +1,9 @@
+package idemhttp
+
+// Exported for the tests of package idemhttp_test.
+var (
+	ParseKey         = parseKey
+	CanonicalJSON    = canonicalJSON
+	ErrJSONTooDeep   = errJSONTooDeep
+	DefaultKeyFormat = defaultKeyFormat
+)

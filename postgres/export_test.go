@@ -1,0 +1,7 @@
+package postgres
+
+// Statements whose query plans postgres_test checks with EXPLAIN.
+const (
+	ListStaleLeasesSQL = listStaleLeases
+	DeleteExpiredSQL   = deleteExpired
+)

@@ -1,0 +1,225 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/idemstore/idem/internal/digest"
+)
+
+// ReaperConfig configures a [Reaper]. A nil *ReaperConfig, and every zero
+// field, means the default.
+type ReaperConfig struct {
+	// Interval is the time between two passes of [Reaper.Run]. Defaults to 1m.
+	Interval time.Duration
+	// Jitter is the upper bound of a random delay added to each Interval, so
+	// reapers of several instances drift apart. Defaults to Interval/10;
+	// a negative value disables it.
+	Jitter time.Duration
+	// BatchSize is the most expired records one DELETE statement removes,
+	// which bounds how long it holds its locks. Defaults to 1000.
+	BatchSize int
+	// MaxBatches is the most DELETE statements one pass runs; the rest waits
+	// for the next pass. Defaults to 100.
+	MaxBatches int
+	// StaleLimit is the most stale leases one pass resolves. Defaults to 100.
+	StaleLimit int
+	// OnReport, if set, receives the report of every pass of [Reaper.Run].
+	// It is called from the reaper's goroutine and must not block for long.
+	// Defaults to nil; passes are logged through Config.Logger either way.
+	OnReport func(ReapReport)
+}
+
+const (
+	defaultReapInterval   = time.Minute
+	defaultReapBatchSize  = 1000
+	defaultReapMaxBatches = 100
+	defaultReapStaleLimit = 100
+)
+
+// ReapReport counts what one pass of a [Reaper] did.
+type ReapReport struct {
+	// Deleted counts records removed after their retention deadline.
+	Deleted int
+	// Finalised counts stale records the status check found committed;
+	// their recovered response is now replayed.
+	Finalised int
+	// HandedOver counts stale records found not committed, or taken blindly
+	// with Config.BlindTakeover: deleted, so the next retry acquires.
+	HandedOver int
+	// Unknown counts stale records the check could not decide (including
+	// check errors and panics); they stay processing with a longer lease.
+	Unknown int
+	// Unresolved counts stale records left alone because no StatusCheck is
+	// configured and BlindTakeover is off.
+	Unresolved int
+	// Errors counts failed statements. The pass goes on after an error.
+	Errors int
+}
+
+// Reaper deletes records past their retention deadline, in batches, and
+// resolves processing records whose lease ran out through
+// Config.StatusCheck. Run it in every instance or in one: reapers on one
+// database coordinate through fencing tokens, so each stale record is
+// checked by one reaper at a time, and DELETE batches skip rows other
+// transactions hold where the dialect can (PostgreSQL, MySQL).
+//
+// A Reaper is safe for concurrent use, though one Run per process is enough.
+type Reaper[TTx any] struct {
+	store *Store[TTx]
+	cfg   ReaperConfig
+}
+
+// NewReaper returns a Reaper over store. It starts nothing: call
+// [Reaper.Run] in a goroutine, or [Reaper.RunOnce] from a cron job.
+func NewReaper[TTx any](store *Store[TTx], cfg *ReaperConfig) (*Reaper[TTx], error) {
+	if store == nil {
+		return nil, errors.New("idem: NewReaper needs a store")
+	}
+	var c ReaperConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Interval < 0 || c.BatchSize < 0 || c.MaxBatches < 0 || c.StaleLimit < 0 {
+		return nil, errors.New("idem: ReaperConfig fields must not be negative (except Jitter)")
+	}
+	if c.Interval == 0 {
+		c.Interval = defaultReapInterval
+	}
+	if c.Jitter == 0 {
+		c.Jitter = c.Interval / 10
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = defaultReapBatchSize
+	}
+	if c.MaxBatches == 0 {
+		c.MaxBatches = defaultReapMaxBatches
+	}
+	if c.StaleLimit == 0 {
+		c.StaleLimit = defaultReapStaleLimit
+	}
+	return &Reaper[TTx]{store: store, cfg: c}, nil
+}
+
+// Run makes a pass at once and then every Interval (plus jitter) until ctx
+// ends, then returns nil. It holds no goroutine of its own: when Run returns,
+// the reaper has stopped. Errors of a pass are logged and counted in its
+// report; they never stop the loop.
+func (r *Reaper[TTx]) Run(ctx context.Context) error {
+	for {
+		report, err := r.RunOnce(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			r.store.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: reaper pass failed", slog.String("error", err.Error()))
+		}
+		if r.cfg.OnReport != nil {
+			r.cfg.OnReport(report)
+		}
+		if err := sleepCtx(ctx, r.nextDelay()); err != nil {
+			return nil
+		}
+	}
+}
+
+func (r *Reaper[TTx]) nextDelay() time.Duration {
+	if r.cfg.Jitter <= 0 {
+		return r.cfg.Interval
+	}
+	return r.cfg.Interval + rand.N(r.cfg.Jitter)
+}
+
+// RunOnce makes one pass: it deletes expired records, up to MaxBatches
+// batches of BatchSize, then resolves up to StaleLimit stale leases. It
+// returns what it did and the first error it met (the pass goes on after
+// errors, and counts them).
+func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
+	var (
+		rep      ReapReport
+		firstErr error
+	)
+	fail := func(err error) {
+		rep.Errors++
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	exec := r.store.dialect.DB()
+	for range r.cfg.MaxBatches {
+		n, err := exec.DeleteExpired(ctx, &DeleteExpiredParams{Limit: r.cfg.BatchSize, Now: r.store.now()})
+		rep.Deleted += n
+		if err != nil {
+			fail(fmt.Errorf("idem: reaper delete expired: %w", err))
+			break
+		}
+		if n < r.cfg.BatchSize {
+			break
+		}
+	}
+	if ctx.Err() != nil {
+		return rep, ctx.Err()
+	}
+
+	stale, now, err := exec.ListStaleLeases(ctx, &ListStaleLeasesParams{Limit: r.cfg.StaleLimit, Now: r.store.now()})
+	if err != nil {
+		fail(fmt.Errorf("idem: reaper list stale leases: %w", err))
+	}
+	for _, rec := range stale {
+		if ctx.Err() != nil {
+			break
+		}
+		outcome, err := r.resolve(ctx, exec, rec, now)
+		switch {
+		case errors.Is(err, ErrFenced):
+			// Another reaper or a claimer took the record first: theirs now.
+		case err != nil:
+			fail(fmt.Errorf("idem: reaper resolve key %s: %w", digest.Key(rec.Scope, rec.Key), err))
+		case outcome == resolvedCommitted:
+			rep.Finalised++
+		case outcome == resolvedNotCommitted:
+			rep.HandedOver++
+		case outcome == resolvedUnknown:
+			rep.Unknown++
+		case outcome == resolvedSkipped:
+			rep.Unresolved++
+		}
+	}
+	r.store.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reaper pass",
+		slog.String("dialect", r.store.dialect.Name()),
+		slog.Int("deleted", rep.Deleted), slog.Int("finalised", rep.Finalised),
+		slog.Int("handed_over", rep.HandedOver), slog.Int("unknown", rep.Unknown),
+		slog.Int("unresolved", rep.Unresolved), slog.Int("errors", rep.Errors))
+	return rep, firstErr
+}
+
+// resolve settles one stale record: through the status check, blindly, or
+// not at all. Handing over deletes the record, so the next retry acquires.
+func (r *Reaper[TTx]) resolve(ctx context.Context, exec Executor, rec *Record, now time.Time) (string, error) {
+	s := r.store
+	switch {
+	case s.cfg.StatusCheck != nil:
+		tok, err := s.reserveStale(ctx, exec, rec)
+		if err != nil {
+			return "", err
+		}
+		outcome, _, err := s.resolveStale(ctx, exec, rec, now, tok, func() error {
+			return exec.Release(ctx, &ReleaseParams{Scope: rec.Scope, Key: rec.Key, Token: tok})
+		})
+		return outcome, err
+	case s.cfg.BlindTakeover:
+		// Only while the lease is still out: a holder that renewed keeps its key.
+		err := exec.Release(ctx, &ReleaseParams{Scope: rec.Scope, Key: rec.Key, Token: rec.Token, OnlyIfLeaseExpired: true, Now: s.now()})
+		if err != nil {
+			return "", err
+		}
+		s.logResolution(ctx, digest.Key(rec.Scope, rec.Key), "handed_over_blind", rec.Attempt)
+		return resolvedNotCommitted, nil
+	default:
+		return resolvedSkipped, nil
+	}
+}
