@@ -11,7 +11,7 @@ import (
 //
 // The dialects in this module (postgres, mysql, sqlite) are the supported set;
 // the interface is exported only because they live in separate packages.
-// It may gain methods in minor releases (noted in the CHANGELOG), so
+// It may gain methods in minor releases (noted in CHANGELOG.md), so
 // implementations outside this module must expect to be updated. Every
 // implementation must pass [github.com/idemstore/idem/conformance.Run].
 type Dialect[TTx any] interface {
@@ -114,6 +114,7 @@ type Executor interface {
 
 // ClaimParams are the arguments of [Executor.Claim].
 type ClaimParams struct {
+	// Scope, Key and Fingerprint are those of the new record.
 	Scope       string
 	Key         string
 	Fingerprint Fingerprint
@@ -141,6 +142,7 @@ type ClaimResult struct {
 
 // TakeoverParams are the arguments of [Executor.Takeover].
 type TakeoverParams struct {
+	// Scope and Key name the record.
 	Scope string
 	Key   string
 	// Token is the token the record must still carry.
@@ -179,35 +181,44 @@ const (
 
 // GetParams are the arguments of [Executor.Get].
 type GetParams struct {
+	// Scope and Key name the record.
 	Scope string
 	Key   string
-	Now   *time.Time
+	// Now pins the clock; nil means the database's clock.
+	Now *time.Time
 }
 
 // CompleteParams are the arguments of [Executor.Complete].
 type CompleteParams struct {
+	// Scope and Key name the record; Token is the one it must carry.
 	Scope string
 	Key   string
 	Token int64
 	// Status is StatusSucceeded or StatusFailed.
-	Status    Status
-	Response  *Response
+	Status Status
+	// Response is stored (headers encoded with internal/codec).
+	Response *Response
+	// Retention sets ExpiresAt = now + Retention.
 	Retention time.Duration
-	Now       *time.Time
+	// Now pins the clock; nil means the database's clock.
+	Now *time.Time
 }
 
 // ReleaseParams are the arguments of [Executor.Release].
 type ReleaseParams struct {
+	// Scope and Key name the record; Token is the one it must carry.
 	Scope string
 	Key   string
 	Token int64
 	// OnlyIfLeaseExpired also requires LeaseExpiresAt <= now.
 	OnlyIfLeaseExpired bool
-	Now                *time.Time
+	// Now pins the clock; nil means the database's clock.
+	Now *time.Time
 }
 
 // RenewLeaseParams are the arguments of [Executor.RenewLease].
 type RenewLeaseParams struct {
+	// Scope and Key name the record.
 	Scope string
 	Key   string
 	// Token is the token the record must still carry.
@@ -226,12 +237,16 @@ type RenewLeaseParams struct {
 
 // ListStaleLeasesParams are the arguments of [Executor.ListStaleLeases].
 type ListStaleLeasesParams struct {
+	// Limit is the most records returned; at least 1.
 	Limit int
-	Now   *time.Time
+	// Now pins the clock; nil means the database's clock.
+	Now *time.Time
 }
 
 // DeleteExpiredParams are the arguments of [Executor.DeleteExpired].
 type DeleteExpiredParams struct {
+	// Limit is the most records deleted; at least 1.
 	Limit int
-	Now   *time.Time
+	// Now pins the clock; nil means the database's clock.
+	Now *time.Time
 }

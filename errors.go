@@ -47,10 +47,11 @@ var (
 
 	// ErrRetryable means the database aborted the statement or the whole
 	// transaction because of a concurrent one: a serialization failure
-	// (PostgreSQL 40001 under REPEATABLE READ or SERIALIZABLE), a deadlock
-	// (PostgreSQL 40P01, MySQL 1213) or a lock wait timeout on anything but
-	// the claim itself (MySQL 1205). Roll back and run the whole transaction
-	// again; [Store.Do] does so by itself.
+	// (PostgreSQL 40001 under REPEATABLE READ or SERIALIZABLE, MariaDB 1020
+	// with innodb_snapshot_isolation), a deadlock (PostgreSQL 40P01, MySQL
+	// 1213) or a lock wait timeout on anything but idem's own bounded waits
+	// (PostgreSQL 55P03, MySQL 1205), or SQLite's SQLITE_BUSY_SNAPSHOT. Roll
+	// back and run the whole transaction again; [Store.Do] does so by itself.
 	ErrRetryable = errors.New("idem: transaction conflict, retry the transaction")
 )
 

@@ -76,10 +76,13 @@ type Response struct {
 
 // Record is the stored state of one (scope, key).
 type Record struct {
-	Scope       string
-	Key         string
+	// Scope and Key name the record; they match byte for byte.
+	Scope string
+	Key   string
+	// Fingerprint identifies the request the key is bound to.
 	Fingerprint Fingerprint
-	Status      Status
+	// Status is processing until the record completes.
+	Status Status
 	// Token is the fencing token of the current holder. It changes on every
 	// new holder of the key, so a stale holder cannot complete.
 	Token int64
@@ -88,7 +91,9 @@ type Record struct {
 	// LeaseExpiresAt is when a processing record's holder is presumed gone.
 	LeaseExpiresAt time.Time
 	// Response is nil while the record is processing.
-	Response  *Response
+	Response *Response
+	// CreatedAt is when the current holder claimed the key; UpdatedAt when
+	// the record last changed. All times are UTC, to the microsecond.
 	CreatedAt time.Time
 	UpdatedAt time.Time
 	// CompletedAt is zero while the record is processing.

@@ -36,13 +36,16 @@ type Config struct {
 	// clients' retry window. Defaults to 24h.
 	Retention time.Duration
 
-	// WaitTimeout bounds how long a claim waits for another transaction that
-	// holds the same key uncommitted. If the holder commits in time, the
-	// claimer sees its record (replay or mismatch); if it rolls back, the
-	// claimer acquires; otherwise the claimer gets an *InProgressError. On
-	// MySQL the wait is rounded up to whole seconds. On SQLite it bounds
-	// only the pool-level [Store.Claim]: a caller's transaction waits for the
-	// database lock when it begins. Defaults to 5s.
+	// WaitTimeout bounds how long a claim (and a takeover or lease renewal)
+	// waits for another transaction that holds the same record. If the
+	// holder commits in time, the claimer sees its record (replay or
+	// mismatch); if it rolls back, the claimer acquires; otherwise the
+	// claimer gets an *InProgressError. On MySQL the wait is rounded up to
+	// whole seconds. On SQLite, where one transaction writes at a time, it
+	// bounds the pool-level statements (a timeout there is
+	// [ErrStoreUnavailable]: SQLite cannot tell which key the other writer
+	// holds); a caller's transaction waits for the database lock when it
+	// begins, bounded by the connection's busy timeout. Defaults to 5s.
 	WaitTimeout time.Duration
 
 	// MaxTxRetries is how many times [Store.Do] runs its transaction again,
@@ -175,6 +178,12 @@ func New[TTx any](dialect Dialect[TTx], cfg *Config) (*Store[TTx], error) {
 	return &Store[TTx]{dialect: dialect, cfg: c}, nil
 }
 
+// Dialect returns the store's dialect, whose Begin, Commit and Rollback
+// manage transactions of the store's type: for code that, like [Store.Do],
+// runs a business transaction around idem's Tx methods without knowing
+// which database it is on (the idemhttp middleware).
+func (s *Store[TTx]) Dialect() Dialect[TTx] { return s.dialect }
+
 // Claim is the result of claiming a key: either the caller now owns the key
 // (Acquired) and must run the business effect and complete the claim, or the
 // key was already completed and Replay holds the stored record.
@@ -233,9 +242,9 @@ func (e *FinalFailureError) Error() string {
 // returns a nil error and a Result with Status StatusFailed.
 func FinalFailure(resp *Response) error { return &FinalFailureError{Response: resp} }
 
-// Claim claims key in scope for the request identified by fp, in an
-// autocommitted statement on the pool: the processing record is visible to
-// every other claimer at once. Use it when the business effect is not in the
+// Claim claims key in scope for the request identified by fp on the pool,
+// committing the processing record at once: it is visible to every other
+// claimer before Claim returns. Use it when the business effect is not in the
 // same database; otherwise prefer [Store.ClaimTx] or [Store.Do], which commit
 // the claim with the business rows.
 //
@@ -267,8 +276,10 @@ func (s *Store[TTx]) Claim(ctx context.Context, scope, key string, fp Fingerprin
 // ClaimTx claims key in scope inside the caller's transaction tx, with the
 // outcomes and errors of [Store.Claim]. idem never commits or rolls back tx;
 // the claim becomes visible, and durable, when the caller commits. Until then
-// other claimers of the key wait (up to Config.WaitTimeout), and if tx rolls
-// back the key is free again.
+// other claimers of the key wait (up to Config.WaitTimeout; on SQLite they
+// wait to begin their transactions), and if tx rolls back the key is free
+// again. On MySQL the claim holds a lock on the record until tx ends, even
+// when it did not acquire: end tx promptly after a replay or an error.
 //
 // After an acquired ClaimTx, run the business writes on tx, then
 // [Store.CompleteTx] on tx, then commit: the stored response and the business

@@ -50,9 +50,13 @@ func FS(dialect string) (fs.FS, error) {
 // recording versions in [VersionTable] and ignoring goose's global registry
 // of Go migrations. Extra options are appended after idem's defaults.
 //
-// The Provider takes no lock on MySQL or SQLite: serialise concurrent
-// migrations yourself there (a deploy step, or GET_LOCK on MySQL). The
-// postgres package's Migrate adds goose's advisory-lock session locker.
+// The Provider takes no lock by itself: pass a goose session locker in
+// opts, or serialise concurrent migrations around it. The dialects' Migrate
+// helpers do: PostgreSQL with goose's advisory-lock session locker, MySQL
+// with GET_LOCK held around the whole of Up (goose checks for pending
+// migrations before it takes a session lock, which MySQL's non-transactional
+// DDL turns into a race). SQLite's Migrate takes no lock: run it from one
+// process at a time.
 func NewProvider(dialect string, db *sql.DB, opts ...goose.ProviderOption) (*goose.Provider, error) {
 	gd, err := gooseDialect(dialect)
 	if err != nil {
