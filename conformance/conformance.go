@@ -7,6 +7,9 @@
 //		conformance.Run(t, newHarness(t))
 //	}
 //
+//	// The lease holder the process cases start and kill; see RunChild.
+//	func TestConformanceChild(t *testing.T) { conformance.RunChild(t, reopen) }
+//
 // The suite only uses the public API of package idem plus the hooks a
 // [Harness] provides, so it checks behaviour users rely on, not internals.
 // Dialect differences are expressed as [Features], never as checks of the
@@ -55,6 +58,12 @@ type Namespace[TTx any] struct {
 	// Close closes the namespace's connection pool. Afterwards every store
 	// operation on Dialect must fail with idem.ErrStoreUnavailable.
 	Close func()
+	// ChildEnv is what a child process needs to reconnect to this
+	// namespace, as "NAME=value" entries (a DSN or URL with the schema or
+	// database name, a file path). The process cases re-execute the test
+	// binary with them added to the environment; there, the reopen function
+	// the dialect passes to [RunChild] reads them back.
+	ChildEnv []string
 }
 
 // Features describes the dialect's capabilities and documented differences.

@@ -17,6 +17,8 @@ func leaseCases[TTx any]() []testCase[TTx] {
 		{name: "LeaseLiveGivesInProgress", run: testLeaseLiveGivesInProgress[TTx]},
 		{name: "LeaseCrashAfterChargeRecovered", run: testLeaseCrashAfterChargeRecovered[TTx]},
 		{name: "LeaseCrashBeforeChargeHandedOver", run: testLeaseCrashBeforeChargeHandedOver[TTx]},
+		{name: "LeaseHolderProcessKilledAfterEffect", run: testLeaseHolderProcessKilledAfterEffect[TTx]},
+		{name: "LeaseHolderProcessKilledBeforeEffect", run: testLeaseHolderProcessKilledBeforeEffect[TTx]},
 		{name: "LeaseUndecidedCheckKeepsProcessing", run: testLeaseUndecidedCheckKeepsProcessing[TTx]},
 		{name: "LeaseExpiredWithoutCheckStaysInProgress", run: testLeaseExpiredWithoutCheckStaysInProgress[TTx]},
 		{name: "LeaseBlindTakeover", run: testLeaseBlindTakeover[TTx]},
@@ -177,6 +179,91 @@ func testLeaseCrashBeforeChargeHandedOver[TTx any](t *testing.T, h Harness[TTx])
 	require.Equal(t, idem.StatusSucceeded, rec.Status)
 	require.Equal(t, 2, rec.Attempt)
 	require.Equal(t, 1, b.orders(ctx, t, key))
+}
+
+// testLeaseHolderProcessKilledAfterEffect: a child process acquires the key,
+// charges through a provider outside both processes, and is killed with
+// SIGKILL while its completion sits in an uncommitted business transaction.
+// The database must roll that back and free the record; after the lease runs
+// out, a retry asks the check, which finds the charge: the retry replays the
+// recovered response and the charge happened once.
+func testLeaseHolderProcessKilledAfterEffect[TTx any](t *testing.T, h Harness[TTx]) {
+	p := newFileProvider(t)
+	ctx, b, clk := leaseSetup(t, h, p.check)
+	key := newKey("killed-after")
+
+	c := startChild(t, b.ns, childSpec{Scope: "t1/pay", Key: key, Fingerprint: "x",
+		Now: clk.Now(), LeaseDuration: 30 * time.Second, Effect: true, EffectFile: p.path})
+	_, attempt := c.waitHolding(t)
+	require.Equal(t, 1, attempt)
+	c.kill(t)
+	requireCharges(t, p, key, 1)
+
+	clk.advance(31 * time.Second)
+	retry, err := b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	require.False(t, retry.Acquired(), "a committed effect must be replayed, not run again")
+	requireSameResponse(t, chargedResponse(key), retry.Replay.Response)
+	require.Equal(t, idem.StatusSucceeded, retry.Replay.Status)
+	require.Equal(t, 1, retry.Replay.Attempt)
+	require.Equal(t, 1, p.checked(), "the killed holder's completion must not have committed")
+	requireCharges(t, p, key, 1)
+
+	again, err := b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	requireSameResponse(t, chargedResponse(key), again.Replay.Response)
+	require.Equal(t, 1, p.checked(), "a finalised record needs no more checks")
+}
+
+// testLeaseHolderProcessKilledBeforeEffect: a child process acquires the
+// key and is killed with SIGKILL before it charges. While its lease runs,
+// claimers are told to wait; after it runs out, the check finds nothing and
+// the retry acquires as attempt 2 with a newer token, then charges once.
+func testLeaseHolderProcessKilledBeforeEffect[TTx any](t *testing.T, h Harness[TTx]) {
+	p := newFileProvider(t)
+	ctx, b, clk := leaseSetup(t, h, p.check)
+	key := newKey("killed-before")
+
+	c := startChild(t, b.ns, childSpec{Scope: "t1/pay", Key: key, Fingerprint: "x",
+		Now: clk.Now(), LeaseDuration: 30 * time.Second, EffectFile: p.path})
+	deadToken, attempt := c.waitHolding(t)
+	require.Equal(t, 1, attempt)
+
+	clk.advance(10 * time.Second)
+	_, err := b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	var ip *idem.InProgressError
+	require.ErrorAs(t, err, &ip, "the child's lease is live")
+	require.Equal(t, 20*time.Second, ip.RetryAfter)
+
+	c.kill(t)
+	clk.advance(21 * time.Second)
+	retry, err := b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	require.True(t, retry.Acquired(), "an effect that never happened must run again")
+	require.Equal(t, 2, retry.Attempt())
+	require.Greater(t, retry.Token(), deadToken)
+	require.Equal(t, 1, p.checked())
+
+	require.NoError(t, p.charge(key))
+	tx := b.begin(ctx, t)
+	require.NoError(t, b.ns.InsertOrder(ctx, tx, key))
+	require.NoError(t, retry.CompleteTx(ctx, tx, chargedResponse(key)))
+	require.NoError(t, b.ns.Dialect.Commit(ctx, tx))
+
+	rec, err := b.store.Get(ctx, "t1/pay", key)
+	require.NoError(t, err)
+	require.Equal(t, idem.StatusSucceeded, rec.Status)
+	require.Equal(t, 2, rec.Attempt)
+	requireSameResponse(t, chargedResponse(key), rec.Response)
+	requireCharges(t, p, key, 1)
+	require.Equal(t, 1, b.orders(ctx, t, key))
+}
+
+func requireCharges(t *testing.T, p *fileProvider, key string, want int) {
+	t.Helper()
+	n, err := p.count(key)
+	require.NoError(t, err)
+	require.Equal(t, want, n, "charges for the key")
 }
 
 // testLeaseUndecidedCheckKeepsProcessing: unknown verdicts, errors, panics

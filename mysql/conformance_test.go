@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"flag"
 	"fmt"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -22,7 +23,7 @@ import (
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	conformance.Run(t, newHarness(t, idemmysql.New))
+	conformance.Run(t, newHarness(t, "Detected"))
 }
 
 // TestConformanceSessionVariable runs the suite through the claim path
@@ -30,20 +31,56 @@ func TestConformance(t *testing.T) {
 // around the claim), which MariaDB also accepts.
 func TestConformanceSessionVariable(t *testing.T) {
 	t.Parallel()
-	conformance.Run(t, newHarness(t, idemmysql.NewSessionVariablePath))
+	conformance.Run(t, newHarness(t, "SessionVariable"))
+}
+
+// claimPath returns the constructor of the claim path named name in claimPaths.
+func claimPath(t *testing.T, name string) func(*sql.DB) *idemmysql.Dialect {
+	t.Helper()
+	for _, p := range claimPaths {
+		if p.name == name {
+			return p.new
+		}
+	}
+	t.Fatalf("no claim path %q", name)
+	return nil
+}
+
+// TestConformanceChild is the lease holder the process cases of the suite
+// start and kill; it does nothing in a normal run.
+func TestConformanceChild(t *testing.T) { conformance.RunChild(t, reopen) }
+
+// The environment of a child process: the namespace's DSN (database
+// included) and the claim path's name in claimPaths.
+const (
+	childDSNEnv  = "IDEM_TEST_MYSQL_CHILD_DSN"
+	childPathEnv = "IDEM_TEST_MYSQL_CHILD_PATH"
+)
+
+// reopen connects, in a child process, to the database Namespace.ChildEnv names.
+func reopen(_ context.Context, t *testing.T) idem.Dialect[*sql.Tx] {
+	t.Helper()
+	cfg, err := gomysql.ParseDSN(os.Getenv(childDSNEnv))
+	require.NoError(t, err, childDSNEnv)
+	require.NotEmpty(t, cfg.DBName, childDSNEnv)
+	newDialect := claimPath(t, os.Getenv(childPathEnv))
+	db := openDB(t, cfg)
+	db.SetMaxOpenConns(4)
+	return newDialect(db)
 }
 
 // harness implements conformance.Harness with one database per Open.
 type harness struct {
 	server     *server
+	path       string // the claim path's name in claimPaths
 	newDialect func(*sql.DB) *idemmysql.Dialect
 }
 
 var _ conformance.Harness[*sql.Tx] = (*harness)(nil)
 
-func newHarness(t *testing.T, newDialect func(*sql.DB) *idemmysql.Dialect) *harness {
+func newHarness(t *testing.T, path string) *harness {
 	t.Helper()
-	return &harness{server: testServer(t), newDialect: newDialect}
+	return &harness{server: testServer(t), path: path, newDialect: claimPath(t, path)}
 }
 
 func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*sql.Tx] {
@@ -56,6 +93,10 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 		CountRecords: ns.countRecords,
 		SeedExpired:  ns.seedExpired,
 		Close:        func() { _ = ns.db.Close() },
+		ChildEnv: []string{
+			childDSNEnv + "=" + h.server.dsn(ns.name, true),
+			childPathEnv + "=" + h.path,
+		},
 	}
 }
 
@@ -179,15 +220,25 @@ func (s *server) open(ctx context.Context, t *testing.T, interpolate bool) *name
 // statement, false runs them as server-side prepared statements.
 func (s *server) connect(t *testing.T, name string, interpolate bool) *sql.DB {
 	t.Helper()
+	db := openDB(t, s.config(name, interpolate))
+	db.SetMaxOpenConns(s.conns)
+	db.SetMaxIdleConns(s.conns)
+	return db
+}
+
+// config is the driver configuration of connect.
+func (s *server) config(name string, interpolate bool) *gomysql.Config {
 	cfg := s.cfg.Clone()
 	cfg.DBName = name
 	cfg.ParseTime = true
 	cfg.Loc = time.UTC
 	cfg.InterpolateParams = interpolate
-	db := openDB(t, cfg)
-	db.SetMaxOpenConns(s.conns)
-	db.SetMaxIdleConns(s.conns)
-	return db
+	return cfg
+}
+
+// dsn is config as a DSN, for a child process.
+func (s *server) dsn(name string, interpolate bool) string {
+	return s.config(name, interpolate).FormatDSN()
 }
 
 // createDatabase creates an empty database dropped when t ends.

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -19,12 +20,14 @@ import (
 
 // execModes are the pgx exec modes every test runs under: the default
 // statement cache, and the simple protocol PgBouncer users pick.
-var execModes = []struct {
-	name string
-	mode pgx.QueryExecMode
-}{
+var execModes = []execMode{
 	{"CacheStatement", pgx.QueryExecModeCacheStatement},
 	{"SimpleProtocol", pgx.QueryExecModeSimpleProtocol},
+}
+
+type execMode struct {
+	name string
+	mode pgx.QueryExecMode
 }
 
 func TestConformance(t *testing.T) {
@@ -33,21 +36,46 @@ func TestConformance(t *testing.T) {
 	for _, m := range execModes {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
-			conformance.Run(t, &harness{mode: m.mode})
+			conformance.Run(t, &harness{modeName: m.name, mode: m.mode})
 		})
 	}
 }
 
+// TestConformanceChild is the lease holder the process cases of the suite
+// start and kill; it does nothing in a normal run.
+func TestConformanceChild(t *testing.T) { conformance.RunChild(t, reopen) }
+
+// The environment of a child process: the server, the namespace's schema
+// and the exec mode's name in execModes.
+const (
+	childURLEnv    = "IDEM_TEST_POSTGRES_CHILD_URL"
+	childSchemaEnv = "IDEM_TEST_POSTGRES_CHILD_SCHEMA"
+	childModeEnv   = "IDEM_TEST_POSTGRES_CHILD_MODE"
+)
+
+// reopen connects, in a child process, to the schema Namespace.ChildEnv names.
+func reopen(ctx context.Context, t *testing.T) idem.Dialect[pgx.Tx] {
+	t.Helper()
+	url, schema, modeName := os.Getenv(childURLEnv), os.Getenv(childSchemaEnv), os.Getenv(childModeEnv)
+	require.NotEmpty(t, url, childURLEnv)
+	require.NotEmpty(t, schema, childSchemaEnv)
+	i := slices.IndexFunc(execModes, func(m execMode) bool { return m.name == modeName })
+	require.NotEqual(t, -1, i, "%s=%q", childModeEnv, modeName)
+	return idempg.New(connectSchema(ctx, t, url, schema, execModes[i].mode, 4))
+}
+
 // harness implements conformance.Harness with a schema per namespace.
 type harness struct {
-	mode pgx.QueryExecMode
+	modeName string
+	mode     pgx.QueryExecMode
 }
 
 var _ conformance.Harness[pgx.Tx] = (*harness)(nil)
 
 func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[pgx.Tx] {
 	t.Helper()
-	pool := openSchema(ctx, t, h.mode)
+	url, schema := testdb.PostgresURL(t), createSchema(ctx, t)
+	pool := connectSchema(ctx, t, url, schema, h.mode, 10)
 	require.NoError(t, idempg.Migrate(ctx, pool))
 	_, err := pool.Exec(ctx, `CREATE TABLE orders (
 		id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -76,6 +104,11 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 			return err
 		},
 		Close: pool.Close,
+		ChildEnv: []string{
+			childURLEnv + "=" + url,
+			childSchemaEnv + "=" + schema,
+			childModeEnv + "=" + h.modeName,
+		},
 	}
 }
 
@@ -145,6 +178,12 @@ func adminPool(t *testing.T) *pgxpool.Pool {
 // t ends.
 func openSchema(ctx context.Context, t *testing.T, mode pgx.QueryExecMode) *pgxpool.Pool {
 	t.Helper()
+	return schemaPool(ctx, t, createSchema(ctx, t), mode, 10)
+}
+
+// createSchema creates an empty schema, dropped when t ends, and returns its name.
+func createSchema(ctx context.Context, t *testing.T) string {
+	t.Helper()
 	ap := adminPool(t)
 	schema := testdb.Name()
 	_, err := ap.Exec(ctx, "CREATE SCHEMA "+schema)
@@ -153,13 +192,20 @@ func openSchema(ctx context.Context, t *testing.T, mode pgx.QueryExecMode) *pgxp
 		_, err := ap.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE")
 		require.NoError(t, err)
 	})
-	return schemaPool(ctx, t, schema, mode, 10)
+	return schema
 }
 
 // schemaPool opens another pool on schema, closed when t ends.
 func schemaPool(ctx context.Context, t *testing.T, schema string, mode pgx.QueryExecMode, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL(t))
+	return connectSchema(ctx, t, testdb.PostgresURL(t), schema, mode, maxConns)
+}
+
+// connectSchema opens a pool on the server at url whose search_path is
+// schema, closed when t ends.
+func connectSchema(ctx context.Context, t *testing.T, url, schema string, mode pgx.QueryExecMode, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	cfg.MaxConns = maxConns
 	cfg.ConnConfig.DefaultQueryExecMode = mode

@@ -3,6 +3,7 @@ package sqlite_test
 import (
 	"context"
 	"database/sql"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -19,6 +20,24 @@ func TestConformance(t *testing.T) {
 	conformance.Run(t, harness{})
 }
 
+// TestConformanceChild is the lease holder the process cases of the suite
+// start and kill; it does nothing in a normal run.
+func TestConformanceChild(t *testing.T) { conformance.RunChild(t, reopen) }
+
+// childPathEnv names the namespace's database file in a child process.
+const childPathEnv = "IDEM_TEST_SQLITE_CHILD_PATH"
+
+// reopen opens, in a child process, the file Namespace.ChildEnv names.
+func reopen(_ context.Context, t *testing.T) idem.Dialect[*sql.Tx] {
+	t.Helper()
+	path := os.Getenv(childPathEnv)
+	require.NotEmpty(t, path, childPathEnv)
+	db, err := idemsqlite.Open(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return idemsqlite.New(db)
+}
+
 // harness gives every case a database file of its own in t.TempDir().
 type harness struct{}
 
@@ -26,7 +45,8 @@ var _ conformance.Harness[*sql.Tx] = harness{}
 
 func (harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*sql.Tx] {
 	t.Helper()
-	db := openDB(ctx, t)
+	path := filepath.Join(t.TempDir(), "idem.db")
+	db := openDBAt(ctx, t, path)
 	closeDB := func() { _ = db.Close() } // idempotent
 	return &conformance.Namespace[*sql.Tx]{
 		Dialect: idemsqlite.New(db),
@@ -50,7 +70,8 @@ func (harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*s
 			_, err := db.ExecContext(ctx, seedExpired, n, done, done, done, done, exp)
 			return err
 		},
-		Close: closeDB,
+		Close:    closeDB,
+		ChildEnv: []string{childPathEnv + "=" + path},
 	}
 }
 
@@ -91,7 +112,12 @@ FROM seq`
 // closed when t ends.
 func openDB(ctx context.Context, t *testing.T) *sql.DB {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "idem.db")
+	return openDBAt(ctx, t, filepath.Join(t.TempDir(), "idem.db"))
+}
+
+// openDBAt is openDB with the file at path.
+func openDBAt(ctx context.Context, t *testing.T, path string) *sql.DB {
+	t.Helper()
 	db, err := idemsqlite.Open(path)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
