@@ -44,9 +44,24 @@ tidy: ## Run go mod tidy and fail if it changed go.mod or go.sum
 	$(GO) mod tidy
 	git diff --exit-code go.mod go.sum
 
+# BenchmarkIdem on the three dialects, BENCH_COUNT times in turn (each run measures every
+# scenario of every dialect once, so repetitions interleave), the raw results appended to
+# BENCH_OUT (benchstat reads it), then the ratio tables (docs/performance.md). About 7.5 minutes
+# with the defaults. PostgreSQL and MariaDB are skipped when unreachable.
+BENCH_TIME ?= 2s
+BENCH_COUNT ?= 3
+BENCH_OUT ?= bench.out
+
 .PHONY: bench
-bench: ## Run the benchmarks (no tests)
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+bench: SHELL := bash
+bench: .SHELLFLAGS := -o pipefail -ec
+bench: ## Run BenchmarkIdem on every dialect and print the ratio tables (see docs/performance.md)
+	: > $(BENCH_OUT)
+	for i in $$(seq $(BENCH_COUNT)); do \
+		$(GO) test -run '^$$' -bench BenchmarkIdem -benchtime $(BENCH_TIME) -count 1 \
+			./postgres/ ./mysql/ ./sqlite/ | tee -a $(BENCH_OUT); \
+	done
+	$(GO) run ./internal/cmd/benchratio < $(BENCH_OUT)
 
 .PHONY: demo
 demo: ## Run the orders demo on embedded SQLite (examples/orders)

@@ -1,0 +1,319 @@
+// Package benchkit runs the same idempotency benchmarks against every
+// dialect, so that their figures compare: each dialect's bench_test.go
+// supplies the connections and the few statements that differ (a business
+// insert, a primary-key read, a reset), and [Run] defines the scenarios.
+//
+// Every scenario runs as a sub-benchmark of one benchmark, serially
+// (BenchmarkIdem/c=1/<scenario>) and from about 8 goroutines
+// (BenchmarkIdem/c=8/<scenario>), so that one `go test -bench` run measures
+// the bare business transaction next to each idempotent variant and the
+// ratio can be read directly (internal/cmd/benchratio prints it).
+// docs/performance.md describes the scenarios and the results.
+package benchkit
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/idemstore/idem"
+)
+
+// Concurrency levels: serial, and about 8 goroutines (pool size 8).
+var levels = []int{1, 8}
+
+// Sizes of the workload, as in the lab measurements of issue 5.
+const (
+	tenants = 100  // scopes
+	seeds   = 1000 // completed keys that replay and mismatch read
+)
+
+// Pools is what a benchmark at one concurrency level runs on. Pool sizes
+// equal the concurrency level.
+type Pools[TTx any] struct {
+	// Store runs the writing scenarios (bare, tx, do, separate_tx, leased).
+	// Its dialect's Begin starts every business transaction.
+	Store *idem.Store[TTx]
+	// ReadStore runs replay and mismatch; nil means Store. SQLite uses a
+	// single-connection pool for writes and a pool of its own for reads.
+	ReadStore *idem.Store[TTx]
+	// PKSelect reads the stored response of (scope, key) with one plain
+	// primary-key SELECT on ReadStore's pool: the baseline of replay.
+	PKSelect func(ctx context.Context, scope, key string) error
+}
+
+// Target is one dialect under benchmark, on a namespace (schema, database
+// or file) of its own that already holds the migrated idempotency_keys
+// table and an orders table.
+type Target[TTx any] struct {
+	// Open returns pools of size conc on the namespace, closed when b ends.
+	Open func(b *testing.B, conc int) *Pools[TTx]
+	// InsertOrder inserts one order for tenant in tx and reads its
+	// generated id back (RETURNING id or LastInsertId).
+	InsertOrder func(ctx context.Context, tx TTx, tenant string) error
+	// Snapshot copies the seeded idempotency records aside; Reset empties
+	// the orders and idempotency_keys tables, restores the copy, refreshes
+	// the planner statistics and checkpoints, so that every measurement
+	// starts from the same state.
+	Snapshot func(ctx context.Context) error
+	Reset    func(ctx context.Context) error
+}
+
+// Response is the answer every completion stores: 194 B of JSON.
+var Response = &idem.Response{
+	StatusCode: http.StatusCreated,
+	Header:     http.Header{"Content-Type": {"application/json"}},
+	Body: []byte(`{"id":"ord_7GQ2V9X4KD8M3N5P","tenant":"tenant-42","status":"confirmed",` +
+		`"amount":{"value":"1999","currency":"EUR"},"created_at":"2025-11-30T11:41:07.123456Z",` +
+		`"items":[{"sku":"SKU-1234","qty":2}]}`),
+}
+
+var (
+	fingerprint = idem.NewFingerprint([]byte("POST /orders"), Response.Body)
+	// otherFingerprint is a different request presented with a seeded key.
+	otherFingerprint = idem.NewFingerprint([]byte("POST /orders"), []byte(`{"amount":1}`))
+	scopes           = func() []string {
+		s := make([]string, tenants)
+		for i := range s {
+			s[i] = fmt.Sprintf("tenant-%02d", i)
+		}
+		return s
+	}()
+)
+
+// newKey returns a fresh random 128-bit key in hex.
+func newKey() string {
+	var raw [16]byte
+	for i := range 2 {
+		u := rand.Uint64()
+		for j := range 8 {
+			raw[8*i+j] = byte(u >> (8 * j))
+		}
+	}
+	return hex.EncodeToString(raw[:])
+}
+
+type seedKey struct{ scope, key string }
+
+// scenario is one sub-benchmark: op performs one operation.
+type scenario struct {
+	name string
+	op   func(ctx context.Context) error
+}
+
+// Run runs every scenario at every concurrency level against t.
+func Run[TTx any](b *testing.B, t Target[TTx]) {
+	b.Helper()
+	ctx := context.Background()
+	pools := make([]*Pools[TTx], len(levels))
+	for i, c := range levels {
+		pools[i] = t.Open(b, c)
+	}
+
+	// Seed the replay targets through the library itself, then keep them.
+	keys := make([]seedKey, seeds)
+	for i := range keys {
+		keys[i] = seedKey{scope: scopes[i%tenants], key: newKey()}
+	}
+	if err := seed(ctx, pools[len(pools)-1].Store, t.InsertOrder, keys); err != nil {
+		b.Fatalf("seed: %v", err)
+	}
+	if err := t.Snapshot(ctx); err != nil {
+		b.Fatalf("snapshot: %v", err)
+	}
+
+	for i, c := range levels {
+		b.Run("c="+strconv.Itoa(c), func(b *testing.B) {
+			for _, s := range scenarios(pools[i], t.InsertOrder, keys) {
+				b.Run(s.name, func(b *testing.B) { measure(b, t, c, s.op) })
+			}
+		})
+	}
+}
+
+// measure resets the tables, then runs op b.N times: in a loop when conc is
+// 1, otherwise from about conc goroutines.
+func measure[TTx any](b *testing.B, t Target[TTx], conc int, op func(context.Context) error) {
+	ctx := context.Background()
+	if err := t.Reset(ctx); err != nil {
+		b.Fatalf("reset: %v", err)
+	}
+	b.ReportAllocs()
+	if conc == 1 {
+		for b.Loop() {
+			if err := op(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return
+	}
+	// RunParallel starts parallelism × GOMAXPROCS goroutines: 8 on 2 cores.
+	b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	var (
+		once  sync.Once
+		first error
+	)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := op(ctx); err != nil {
+				once.Do(func() { first = err })
+				return
+			}
+		}
+	})
+	if first != nil {
+		b.Fatal(first)
+	}
+}
+
+func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string) error, keys []seedKey) []scenario {
+	s, d := p.Store, p.Store.Dialect()
+	rs := p.ReadStore
+	if rs == nil {
+		rs = s
+	}
+	// One Do callback per tenant, built once, so that Do's figures carry
+	// no allocation of the benchmark's own.
+	callbacks := make([]func(context.Context, TTx) (*idem.Response, error), tenants)
+	for i := range callbacks {
+		tenant := scopes[i]
+		callbacks[i] = func(ctx context.Context, tx TTx) (*idem.Response, error) {
+			if err := insert(ctx, tx, tenant); err != nil {
+				return nil, err
+			}
+			return Response, nil
+		}
+	}
+	// inTx runs fn in a business transaction and commits it.
+	inTx := func(ctx context.Context, fn func(tx TTx) error) error {
+		tx, err := d.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if err := fn(tx); err != nil {
+			_ = d.Rollback(ctx, tx)
+			return err
+		}
+		return d.Commit(ctx, tx)
+	}
+	seeded := func() seedKey { return keys[rand.IntN(len(keys))] }
+
+	return []scenario{
+		{"bare", func(ctx context.Context) error {
+			tenant := scopes[rand.IntN(tenants)]
+			return inTx(ctx, func(tx TTx) error { return insert(ctx, tx, tenant) })
+		}},
+		{"tx", func(ctx context.Context) error {
+			scope, key := scopes[rand.IntN(tenants)], newKey()
+			return inTx(ctx, func(tx TTx) error {
+				c, err := s.ClaimTx(ctx, tx, scope, key, fingerprint)
+				if err != nil {
+					return err
+				}
+				if !c.Acquired() {
+					return errors.New("tx: fresh key not acquired")
+				}
+				if err := insert(ctx, tx, scope); err != nil {
+					return err
+				}
+				return s.CompleteTx(ctx, tx, c, Response)
+			})
+		}},
+		{"do", func(ctx context.Context) error {
+			i := rand.IntN(tenants)
+			res, err := s.Do(ctx, scopes[i], newKey(), fingerprint, callbacks[i])
+			if err == nil && res.Replayed {
+				err = errors.New("do: fresh key replayed")
+			}
+			return err
+		}},
+		{"separate_tx", func(ctx context.Context) error {
+			scope, key := scopes[rand.IntN(tenants)], newKey()
+			c, err := s.Claim(ctx, scope, key, fingerprint)
+			if err != nil {
+				return err
+			}
+			if !c.Acquired() {
+				return errors.New("separate_tx: fresh key not acquired")
+			}
+			return inTx(ctx, func(tx TTx) error {
+				if err := insert(ctx, tx, scope); err != nil {
+					return err
+				}
+				return s.CompleteTx(ctx, tx, c, Response)
+			})
+		}},
+		{"leased", func(ctx context.Context) error {
+			scope, key := scopes[rand.IntN(tenants)], newKey()
+			l, err := s.Acquire(ctx, scope, key, fingerprint)
+			if err != nil {
+				return err
+			}
+			if !l.Acquired() {
+				return errors.New("leased: fresh key not acquired")
+			}
+			return inTx(ctx, func(tx TTx) error {
+				if err := insert(ctx, tx, scope); err != nil {
+					return err
+				}
+				return l.CompleteTx(ctx, tx, Response)
+			})
+		}},
+		{"replay", func(ctx context.Context) error {
+			k := seeded()
+			c, err := rs.Claim(ctx, k.scope, k.key, fingerprint)
+			if err == nil && c.Replay == nil {
+				err = errors.New("replay: seeded key acquired")
+			}
+			return err
+		}},
+		{"pk_select", func(ctx context.Context) error {
+			k := seeded()
+			return p.PKSelect(ctx, k.scope, k.key)
+		}},
+		{"mismatch", func(ctx context.Context) error {
+			k := seeded()
+			_, err := rs.Claim(ctx, k.scope, k.key, otherFingerprint)
+			if !errors.Is(err, idem.ErrFingerprint) {
+				return fmt.Errorf("mismatch: want ErrFingerprint, got %v", err)
+			}
+			return nil
+		}},
+	}
+}
+
+// seed completes keys through s.Do from 8 goroutines.
+func seed[TTx any](ctx context.Context, s *idem.Store[TTx], insert func(context.Context, TTx, string) error, keys []seedKey) error {
+	const workers = 8
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			for i := w; i < len(keys); i += workers {
+				k := keys[i]
+				_, err := s.Do(ctx, k.scope, k.key, fingerprint, func(ctx context.Context, tx TTx) (*idem.Response, error) {
+					return Response, insert(ctx, tx, k.scope)
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	var first error
+	for range workers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}

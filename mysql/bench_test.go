@@ -1,0 +1,130 @@
+package mysql_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+
+	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/internal/benchkit"
+	"github.com/idemstore/idem/internal/testdb"
+	idemmysql "github.com/idemstore/idem/mysql"
+)
+
+// BenchmarkIdem measures idem against the bare business transaction on the
+// MySQL or MariaDB server of IDEM_TEST_MYSQL_DSN (skipped when unreachable),
+// in a database of its own, with interpolateParams=true. See
+// docs/performance.md.
+func BenchmarkIdem(b *testing.B) {
+	ctx := context.Background()
+	dsn := testdb.MySQLDSN(b, func(dsn string) (string, error) {
+		cfg, err := gomysql.ParseDSN(dsn)
+		if err != nil {
+			return "", err
+		}
+		return cfg.Addr, nil
+	})
+	base, err := gomysql.ParseDSN(dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	name := testdb.Name()
+
+	server := benchMySQLDB(b, base, "", 2)
+	if _, err := server.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if _, err := server.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+name); err != nil {
+			b.Error(err)
+		}
+	})
+	admin := benchMySQLDB(b, base, name, 4)
+	if err := idemmysql.Migrate(ctx, admin); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := admin.ExecContext(ctx, `CREATE TABLE orders (
+		id         BIGINT AUTO_INCREMENT PRIMARY KEY,
+		tenant     VARCHAR(255) NOT NULL,
+		amount     BIGINT NOT NULL,
+		created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+	) ENGINE = InnoDB`); err != nil {
+		b.Fatal(err)
+	}
+
+	benchkit.Run(b, benchkit.Target[*sql.Tx]{
+		Open: func(b *testing.B, conc int) *benchkit.Pools[*sql.Tx] {
+			b.Helper()
+			db := benchMySQLDB(b, base, name, conc)
+			store, err := idem.New(idemmysql.New(db), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return &benchkit.Pools[*sql.Tx]{
+				Store: store,
+				PKSelect: func(ctx context.Context, scope, key string) error {
+					var (
+						status       int16
+						fp, hdr, bdy []byte
+						code         int32
+					)
+					return db.QueryRowContext(ctx, benchMySQLSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
+				},
+			}
+		},
+		InsertOrder: func(ctx context.Context, tx *sql.Tx, tenant string) error {
+			res, err := tx.ExecContext(ctx, `INSERT INTO orders (tenant, amount) VALUES (?, 1999)`, tenant)
+			if err != nil {
+				return err
+			}
+			_, err = res.LastInsertId()
+			return err
+		},
+		Snapshot: func(ctx context.Context) error {
+			_, err := admin.ExecContext(ctx, `CREATE TABLE bench_seed AS SELECT * FROM idempotency_keys`)
+			return err
+		},
+		Reset: func(ctx context.Context) error {
+			for _, q := range []string{
+				`TRUNCATE TABLE idempotency_keys`,
+				`TRUNCATE TABLE orders`,
+				`INSERT INTO idempotency_keys SELECT * FROM bench_seed`,
+				`ANALYZE TABLE idempotency_keys, orders`,
+			} {
+				if _, err := admin.ExecContext(ctx, q); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	})
+}
+
+// benchMySQLSelect is the replay baseline: what a replay needs to answer,
+// read by primary key.
+const benchMySQLSelect = `SELECT status, fingerprint, response_status, response_headers, response_body
+FROM idempotency_keys WHERE scope = ? AND idempotency_key = ?`
+
+// benchMySQLDB opens a pool of size conns on database name (none when
+// empty) with the settings idem needs and interpolateParams=true, which
+// saves a prepare round trip per statement. It is closed when b ends.
+func benchMySQLDB(b *testing.B, base *gomysql.Config, name string, conns int) *sql.DB {
+	b.Helper()
+	cfg := base.Clone()
+	cfg.DBName = name
+	cfg.ParseTime = true
+	cfg.Loc = time.UTC
+	cfg.InterpolateParams = true
+	conn, err := gomysql.NewConnector(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	db := sql.OpenDB(conn)
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	b.Cleanup(func() { _ = db.Close() })
+	return db
+}

@@ -1,0 +1,107 @@
+package sqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"testing"
+
+	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/internal/benchkit"
+	idemsqlite "github.com/idemstore/idem/sqlite"
+)
+
+// BenchmarkIdem measures idem against the bare business transaction on a
+// SQLite file of its own, opened with idemsqlite.Open. See
+// docs/performance.md.
+//
+// As in the lab runs of issue 5, writes go through a pool of one connection
+// (concurrent writers queue in Go rather than poll SQLite's lock), and
+// replay, mismatch and the primary-key read through a second pool with one
+// connection per goroutine.
+func BenchmarkIdem(b *testing.B) {
+	ctx := context.Background()
+	path := filepath.Join(b.TempDir(), "bench.db")
+	admin := benchSQLiteDB(b, path, 1)
+	if err := idemsqlite.Migrate(ctx, admin); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := admin.ExecContext(ctx, `CREATE TABLE orders (
+		id         INTEGER PRIMARY KEY,
+		tenant     TEXT NOT NULL,
+		amount     INTEGER NOT NULL,
+		created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
+	)`); err != nil {
+		b.Fatal(err)
+	}
+
+	benchkit.Run(b, benchkit.Target[*sql.Tx]{
+		Open: func(b *testing.B, conc int) *benchkit.Pools[*sql.Tx] {
+			b.Helper()
+			store, err := idem.New(idemsqlite.New(benchSQLiteDB(b, path, 1)), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			reads := benchSQLiteDB(b, path, conc)
+			readStore, err := idem.New(idemsqlite.New(reads), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return &benchkit.Pools[*sql.Tx]{
+				Store:     store,
+				ReadStore: readStore,
+				PKSelect: func(ctx context.Context, scope, key string) error {
+					var (
+						status       int16
+						fp, hdr, bdy []byte
+						code         int32
+					)
+					return reads.QueryRowContext(ctx, benchSQLiteSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
+				},
+			}
+		},
+		InsertOrder: func(ctx context.Context, tx *sql.Tx, tenant string) error {
+			res, err := tx.ExecContext(ctx, `INSERT INTO orders (tenant, amount) VALUES (?, 1999)`, tenant)
+			if err != nil {
+				return err
+			}
+			_, err = res.LastInsertId()
+			return err
+		},
+		Snapshot: func(ctx context.Context) error {
+			_, err := admin.ExecContext(ctx, `CREATE TABLE bench_seed AS SELECT * FROM idempotency_keys`)
+			return err
+		},
+		Reset: func(ctx context.Context) error {
+			for _, q := range []string{
+				`DELETE FROM idempotency_keys`,
+				`DELETE FROM orders`,
+				`INSERT INTO idempotency_keys SELECT * FROM bench_seed`,
+				`PRAGMA wal_checkpoint(TRUNCATE)`,
+			} {
+				if _, err := admin.ExecContext(ctx, q); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	})
+}
+
+// benchSQLiteSelect is the replay baseline: what a replay needs to answer,
+// read by primary key.
+const benchSQLiteSelect = `SELECT status, fingerprint, response_status, response_headers, response_body
+FROM idempotency_keys WHERE scope = ? AND idempotency_key = ?`
+
+// benchSQLiteDB opens a pool of size conns on path, closed when b ends.
+func benchSQLiteDB(b *testing.B, path string, conns int) *sql.DB {
+	b.Helper()
+	db, err := idemsqlite.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	b.Cleanup(func() { _ = db.Close() })
+	return db
+}
