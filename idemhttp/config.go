@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -12,6 +13,14 @@ import (
 // Config configures the middleware made by [New]. A nil *Config, and every
 // zero field, means the default.
 type Config struct {
+	// Mode chooses how the handler's work is protected: [Transactional]
+	// (the default), where the key is claimed inside the handler's business
+	// transaction, or [Leased], for handlers with effects outside the
+	// database, where the claim is committed with a lease before the handler
+	// runs. One middleware has one mode; make one per mode and wrap each
+	// route with the one it needs.
+	Mode Mode
+
 	// Methods are the request methods the middleware protects; requests
 	// with other methods pass through untouched. Defaults to POST and PATCH.
 	Methods []string
@@ -64,9 +73,9 @@ type Config struct {
 	// MaxResponseBytes bounds the body of a response that is stored: a 2xx
 	// or 3xx, or a failure marked final. A larger one cannot be stored, so
 	// its transaction is rolled back (nothing happened) and the client gets
-	// 500 with CodeResponseTooLarge; the key stays free. Failure responses
-	// that are not stored pass through whatever their size. Defaults to
-	// 1 MiB.
+	// 500 with CodeResponseTooLarge; the key stays free (in the leased mode
+	// the lease is released). Failure responses that are not stored pass
+	// through whatever their size. Defaults to 1 MiB.
 	MaxResponseBytes int
 
 	// ReplayHeaders are response headers stored and replayed besides
@@ -85,7 +94,9 @@ type Config struct {
 	// commit, handler included. The transaction does not end when the
 	// client goes away or times out: it runs to completion within Timeout
 	// and commits, so that the client's retry is answered with the stored
-	// response. Defaults to 30s.
+	// response. In the leased mode it bounds the same span: the claim, the
+	// handler's work outside and inside its transaction, and the commit.
+	// Defaults to 30s.
 	Timeout time.Duration
 
 	// UnavailableRetryAfter is the Retry-After of a 503 with
@@ -103,6 +114,37 @@ type Config struct {
 	// called. Defaults to [WriteError], the JSON error contract; replace it
 	// to answer with RFC 9457 problem details, for example.
 	RenderError func(w http.ResponseWriter, r *http.Request, e *Error)
+}
+
+// Mode is how the middleware protects a handler; see Config.Mode.
+type Mode int
+
+const (
+	// Transactional claims the key inside the business transaction, which
+	// the handler gets through [Tx]: the handler's writes, the claim and
+	// the stored response commit together or not at all. For handlers
+	// whose whole effect lives in the store's database.
+	Transactional Mode = iota
+	// Leased commits the claim, with a lease, before the handler runs
+	// ([idem.Store.Acquire]), so that duplicates see it at once and get
+	// 409 while the handler works; keeps the lease alive while the handler
+	// runs; and completes it, fenced by the lease's token, in the business
+	// transaction the handler gets through [Tx]. For handlers with effects
+	// outside the database (a payment provider). The handler reaches the
+	// lease through [Lease]. See the package documentation.
+	Leased
+)
+
+// String returns "transactional" or "leased".
+func (m Mode) String() string {
+	switch m {
+	case Transactional:
+		return "transactional"
+	case Leased:
+		return "leased"
+	default:
+		return "Mode(" + strconv.Itoa(int(m)) + ")"
+	}
 }
 
 const (
@@ -186,6 +228,8 @@ func (c *Config) settings() (*settings, error) {
 		s.RenderError = func(w http.ResponseWriter, _ *http.Request, e *Error) { WriteError(w, e) }
 	}
 	switch {
+	case s.Mode != Transactional && s.Mode != Leased:
+		return nil, fmt.Errorf("Mode %d is unknown", s.Mode)
 	case s.MaxBodyBytes < 0:
 		return nil, fmt.Errorf("MaxBodyBytes %d is negative", s.MaxBodyBytes)
 	case s.MaxJSONDepth < 0:

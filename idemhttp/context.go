@@ -3,6 +3,8 @@ package idemhttp
 import (
 	"context"
 	"sync/atomic"
+
+	"github.com/idemstore/idem"
 )
 
 // attemptKey is the context key of the *attempt a handler runs in.
@@ -12,7 +14,11 @@ type attemptKey struct{}
 // request's context. Each run (the first, and each one after a retryable
 // transaction failure) gets its own.
 type attempt struct {
-	tx        any // the store's TTx
+	tx any // the store's TTx, in the transactional mode
+	// In the leased mode: lease is the *idem.Lease[TTx], and begin returns
+	// the business transaction, beginning it on the first call.
+	lease     any
+	begin     func() (tx any, ok bool)
 	key       string
 	scope     string
 	requestID string
@@ -28,20 +34,59 @@ func attemptFrom(ctx context.Context) *attempt {
 
 // Tx returns the business transaction of the request whose context is ctx,
 // typed as the store's transaction type (pgx.Tx for package postgres,
-// *sql.Tx for packages mysql and sqlite). The idempotency key is already
-// claimed in it: run the handler's writes on it, and they commit together
-// with the stored response, or not at all. Never commit or roll it back.
+// *sql.Tx for packages mysql and sqlite). Run the handler's writes on it:
+// they commit together with the stored response, or not at all. Never
+// commit or roll it back.
+//
+// In the transactional mode the key is already claimed in it. In the
+// leased mode the first call begins it (later calls return the same one),
+// and the lease stops being renewed from then on: make the outside call
+// first, then take the transaction for the writes that record its result,
+// and keep that part short. A handler that never calls Tx has its response
+// stored in a statement of its own.
 //
 // ok is false outside a handler called by the middleware, after the handler
-// returned (the transaction is finished then), and when TTx is not the
-// store's transaction type.
+// returned (the transaction is finished then), when TTx is not the store's
+// transaction type, and, in the leased mode, when the transaction could not
+// be begun or the lease was lost (answer with any 5xx then; the middleware
+// replaces it with its own 503).
 func Tx[TTx any](ctx context.Context) (tx TTx, ok bool) {
 	a := attemptFrom(ctx)
 	if a == nil || a.ended.Load() {
 		return tx, false
 	}
+	if a.begin != nil {
+		if _, typed := a.lease.(*idem.Lease[TTx]); !typed {
+			return tx, false // check the type before beginning anything
+		}
+		v, began := a.begin()
+		if !began {
+			return tx, false
+		}
+		tx, ok = v.(TTx)
+		return tx, ok
+	}
 	tx, ok = a.tx.(TTx)
 	return tx, ok
+}
+
+// Lease returns the lease of the request whose context is ctx, in the
+// leased mode: its fencing token ([idem.Lease.Token]) and attempt number
+// ([idem.Lease.Attempt], 2 or more after a crashed holder's key was handed
+// over), to pass on to the outside system, and [idem.Lease.Extend] to make
+// room for a long transaction. The middleware renews it while the handler
+// runs, and completes or releases it afterwards: never call its Complete,
+// Fail or Release methods.
+//
+// ok is false outside a handler called by a leased middleware, after the
+// handler returned, and when TTx is not the store's transaction type.
+func Lease[TTx any](ctx context.Context) (lease *idem.Lease[TTx], ok bool) {
+	a := attemptFrom(ctx)
+	if a == nil || a.ended.Load() {
+		return nil, false
+	}
+	lease, ok = a.lease.(*idem.Lease[TTx])
+	return lease, ok
 }
 
 // Key returns the idempotency key of the request whose context is ctx, as
@@ -79,7 +124,8 @@ func RequestID(ctx context.Context) string {
 // response, commits the transaction with the handler's writes, and replays
 // the response to every retry instead of running the handler again (for
 // example a declined payment that was recorded). Without it, a 4xx or 5xx
-// rolls the transaction back and leaves the key free for a corrected retry.
+// rolls the transaction back and leaves the key free for a corrected retry
+// (in the leased mode, the lease is released).
 // It has no effect on a 2xx or 3xx, which is stored anyway.
 //
 // Call it while the handler runs, before or after writing the response. It
@@ -103,10 +149,12 @@ func MarkFinal(ctx context.Context) bool {
 // past it the client gets 503 with CodeStoreUnavailable.
 //
 // It reports false, and does nothing, outside a handler called by the
-// middleware.
+// middleware and in the leased mode, where the handler's outside call must
+// not be repeated behind the client's back: answer with a 5xx instead (the
+// lease is released and the client's retry runs the handler again).
 func RetryTransaction(ctx context.Context) bool {
 	a := attemptFrom(ctx)
-	if a == nil || a.ended.Load() {
+	if a == nil || a.ended.Load() || a.begin != nil {
 		return false
 	}
 	a.retry.Store(true)

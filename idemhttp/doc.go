@@ -44,10 +44,10 @@
 //
 // # Outcomes
 //
-// In the transactional mode, the only mode today, [idem.Store.Do] begins a
-// transaction, claims the key in it, calls the handler with the transaction
-// ([Tx]) and the key ([Key]) in the request context, and captures its
-// response. Then:
+// In the transactional mode (the default; see "Leased mode" below for the
+// other), [idem.Store.Do] begins a transaction, claims the key in it, calls
+// the handler with the transaction ([Tx]) and the key ([Key]) in the
+// request context, and captures its response. Then:
 //
 //   - 2xx and 3xx: the response is stored, the transaction commits, and only
 //     then is the response sent. If the commit fails, the client gets 503
@@ -106,12 +106,59 @@
 // or is generated, and is sent back in that header on every protected
 // request. Config.RenderError can render them otherwise. Each protected
 // request logs one record to Config.Logger with its outcome, status, request
-// ID, key digest, scope digest, fingerprint prefix and latency; never the
-// key, tenant or body.
+// ID, key digest, scope digest, fingerprint prefix and latency (and, in the
+// leased mode, the lease's attempt); never the key, tenant or body.
 //
 // # Leased mode
 //
-// Handlers whose effects leave the database (a payment provider call) need
-// the claim committed before they run, with a lease. That mode is not built
-// yet; it will come with idem's leases.
+// Handlers whose effects leave the database (a payment provider, a message
+// broker, another service) cannot roll those effects back, so their claim
+// must not depend on their transaction. With Config.Mode set to [Leased]:
+//
+//  1. [idem.Store.Acquire] commits the claim with a lease of the store's
+//     LeaseDuration before the handler runs. Replays, mismatches, the
+//     in-progress 409 (Retry-After is the lease's time left) and the 503 are
+//     answered as in the transactional mode; a record whose lease ran out
+//     (a crashed holder) is resolved first by the store's StatusCheck, whose
+//     recovered response is replayed, or which hands the key over and runs
+//     the handler as attempt 2.
+//  2. The handler runs with the lease in its context ([Lease]: its fencing
+//     token and attempt, to pass on to the outside system) while
+//     [idem.Lease.KeepAlive] renews it. The handler's context is detached
+//     from the client and bounded by Config.Timeout, as in the
+//     transactional mode, and is cancelled if a renewal fails, with the
+//     renewal's error as its [context.Cause] ([idem.ErrFenced] when the lease
+//     was lost): stop the work then.
+//  3. The first call of [Tx] begins the business transaction, and stops the
+//     renewals. Make the outside call first, then take the transaction to
+//     record its result, and keep that part short: on SQLite the
+//     transaction holds the database's write lock, so a renewal could not
+//     run, and a duplicate's claim waits for the lock (up to the store's
+//     WaitTimeout, then 503) instead of getting the in-progress 409 it gets
+//     during the outside call. [idem.Lease.Extend] makes room for a longer
+//     transaction.
+//  4. 2xx, 3xx, or a failure marked final ([MarkFinal]): the response is
+//     stored with [idem.Lease.CompleteTx] (or FailTx) in that transaction,
+//     fenced by the lease's token, the transaction commits, and only then
+//     is the response sent. A handler that never took the transaction has
+//     its response stored in a statement of its own.
+//  5. Any other 4xx or 5xx: the transaction rolls back and the lease is
+//     released ([idem.Lease.Release]); the key is free for a corrected
+//     retry. So is it after a panic (which propagates, as in the
+//     transactional mode) and after a response too large to store (500
+//     with CodeResponseTooLarge).
+//
+// A lease lost to another holder (after it ran out, through the store's
+// StatusCheck or BlindTakeover), found by a renewal or by the fenced
+// completion, rolls the transaction back, stores nothing, and answers 503
+// with CodeLeaseLost: a server-side failure the client did nothing to cause,
+// safe to retry with the same key, which then gets the other holder's
+// result. When the store fails after the handler answered 2xx (the
+// completion or the commit fails), the client gets 503 with
+// CodeStoreUnavailable and the record stays processing, because the outside
+// effect may have happened: once the lease ran out, the StatusCheck decides.
+// Configure the store's StatusCheck for leased routes; without one (and
+// without BlindTakeover) such a key stays in progress until its retention
+// deadline. [RetryTransaction] is refused in the leased mode: running the
+// handler again would repeat its outside call.
 package idemhttp

@@ -27,6 +27,12 @@ const (
 	// or could not commit; the handler did not run, or its work was rolled
 	// back. Retry after Retry-After with the same key.
 	CodeStoreUnavailable = "idempotency_store_unavailable"
+	// CodeLeaseLost (503, leased mode only): the request's lease on the key
+	// was taken over by another attempt (after it ran out, through the
+	// store's StatusCheck or BlindTakeover) before its response was stored.
+	// Nothing of it was stored; retry after Retry-After with the same key
+	// to get the other attempt's result.
+	CodeLeaseLost = "idempotency_lease_lost"
 	// CodeBodyTooLarge (413): the request body, or its gzip-decoded form, is
 	// larger than Config.MaxBodyBytes.
 	CodeBodyTooLarge = "idempotency_body_too_large"

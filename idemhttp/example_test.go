@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
@@ -81,4 +82,86 @@ func Example() {
 	// 201 location="/orders/1" replayed=true
 	// 409 location="" replayed=false
 	// orders: 1
+}
+
+// Example_leased protects a handler whose effect leaves the database: the
+// claim is committed, with a lease, before the handler calls the payment
+// provider, and the handler takes the transaction only to record the
+// result. The lease is completed in that transaction.
+func Example_leased() {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "idemhttp-example-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	db, err := idemsqlite.Open(filepath.Join(dir, "shop.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	if err := idemsqlite.Migrate(ctx, db); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE payments (id INTEGER PRIMARY KEY, charge TEXT NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	charges := map[string]string{} // the payment provider, deduplicating on the key
+	store, err := idem.New(idemsqlite.New(db), &idem.Config{
+		// A holder that crashed after its lease: ask the provider.
+		StatusCheck: func(_ context.Context, rec idem.Record) (idem.Verdict, error) {
+			c, ok := charges[rec.Key]
+			if !ok {
+				return idem.NotCommitted(), nil // the next attempt charges
+			}
+			return idem.Committed(&idem.Response{StatusCode: http.StatusCreated,
+				Body: fmt.Appendf(nil, `{"charge":%q,"attempt":%d}`, c, rec.Attempt)}), nil
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	mw := idemhttp.New(store, &idemhttp.Config{Mode: idemhttp.Leased})
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, _ := idemhttp.Key(r.Context())
+		lease, _ := idemhttp.Lease[*sql.Tx](r.Context())
+		if _, ok := charges[key]; !ok { // the outside call, with no transaction open
+			charges[key] = fmt.Sprintf("ch_%d", len(charges)+1)
+		}
+		tx, ok := idemhttp.Tx[*sql.Tx](r.Context()) // begins the transaction
+		if !ok {
+			http.Error(w, "try again", http.StatusServiceUnavailable) // the lease is released
+			return
+		}
+		if _, err := tx.ExecContext(r.Context(), `INSERT INTO payments (charge) VALUES (?)`, charges[key]); err != nil {
+			http.Error(w, "try again", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"charge":%q,"attempt":%d}`, charges[key], lease.Attempt())
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount": 4200}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "payment-0001-example")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Printf("%d %s replayed=%t\n", resp.StatusCode, body, resp.Header.Get("Idempotency-Replayed") == "true")
+	}
+	var n int
+	_ = db.QueryRowContext(ctx, `SELECT count(*) FROM payments`).Scan(&n)
+	fmt.Println("charges:", len(charges), "payments:", n)
+	// Output:
+	// 201 {"charge":"ch_1","attempt":1} replayed=false
+	// 201 {"charge":"ch_1","attempt":1} replayed=true
+	// charges: 1 payments: 1
 }

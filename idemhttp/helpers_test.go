@@ -39,7 +39,8 @@ type bundle[TTx any] struct {
 }
 
 // handlerFunc is a test handler; tx is the middleware's transaction, ok
-// false when the request passed through unprotected.
+// false when the request passed through unprotected, or always in the
+// leased mode, whose handlers take their transaction when they need it.
 type handlerFunc[TTx any] func(b *bundle[TTx], w http.ResponseWriter, r *http.Request, tx TTx, ok bool)
 
 type options[TTx any] struct {
@@ -84,7 +85,7 @@ func setup[TTx any](t *testing.T, h harness[TTx], o options[TTx]) *bundle[TTx] {
 	if o.handler == nil {
 		o.handler = createOrder[TTx]
 	}
-	b.mux = b.routes(idemhttp.New(store, &cfg), o.handler)
+	b.mux = b.routes(idemhttp.New(store, &cfg), cfg.Mode, o.handler)
 	var served http.Handler = b.mux
 	if o.outer != nil {
 		served = o.outer(served)
@@ -95,10 +96,16 @@ func setup[TTx any](t *testing.T, h harness[TTx], o options[TTx]) *bundle[TTx] {
 }
 
 // routes serves handler behind mw on three routes.
-func (b *bundle[TTx]) routes(mw func(http.Handler) http.Handler, handler handlerFunc[TTx]) *http.ServeMux {
+func (b *bundle[TTx]) routes(mw func(http.Handler) http.Handler, mode idemhttp.Mode, handler handlerFunc[TTx]) *http.ServeMux {
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b.calls.Add(1)
-		tx, ok := idemhttp.Tx[TTx](r.Context())
+		var (
+			tx TTx
+			ok bool
+		)
+		if mode != idemhttp.Leased { // Tx would begin the leased transaction
+			tx, ok = idemhttp.Tx[TTx](r.Context())
+		}
 		handler(b, w, r, tx, ok)
 	}))
 	mux := http.NewServeMux()
@@ -117,7 +124,7 @@ func (b *bundle[TTx]) with(cfg idemhttp.Config, handler handlerFunc[TTx]) http.H
 	if handler == nil {
 		handler = createOrder[TTx]
 	}
-	return b.routes(idemhttp.New(b.store, &cfg), handler)
+	return b.routes(idemhttp.New(b.store, &cfg), cfg.Mode, handler)
 }
 
 // testTenant reads the tenant from X-Tenant: missing is a 400 chosen by

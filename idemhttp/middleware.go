@@ -37,15 +37,20 @@ const (
 // response. A retry gets the stored response again, replayed; see the
 // package documentation for every outcome.
 //
+// With Config.Mode set to [Leased], it instead commits the claim with a
+// lease before the handler runs, renews the lease while the handler works,
+// and completes it in the business transaction the handler takes through
+// [Tx] (the package documentation's "Leased mode").
+//
 // Apply it to the handlers of the routes it protects, as in
 // mux.Handle("POST /orders", mw(createOrder)), so that r.Pattern names the
 // operation; applied around a whole mux it sees no pattern and uses the
 // request path instead.
 //
 // New panics if store is nil or cfg is invalid (a negative limit, a
-// MismatchStatus that is not 4xx): a programming error found at start-up.
-// The middleware is safe for concurrent use and keeps no state between
-// requests.
+// MismatchStatus that is not 4xx, an unknown Mode): a programming error
+// found at start-up. The middleware is safe for concurrent use and keeps no
+// state between requests.
 func New[TTx any](store *idem.Store[TTx], cfg *Config) func(http.Handler) http.Handler {
 	if store == nil {
 		panic("idemhttp: New needs a store")
@@ -76,6 +81,8 @@ type request struct {
 	fp        idem.Fingerprint
 	hasFP     bool
 	body      *requestBody
+	// attempt is the lease's holder number, in the leased mode.
+	attempt int
 }
 
 func (m *middleware[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -131,13 +138,10 @@ func (m *middleware[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rq.fp, rq.hasFP = fingerprint(r.Method, route, tenant, r.URL, body.mediaType, hashed), true
 
-	// Extension point: leased mode (issue 4, point 13), waiting for the
-	// leases of issue 3. It would branch here to a serveLeased that commits
-	// the claim before the handler runs (idem.Store.Acquire), puts the lease
-	// in the request context behind an accessor like Tx, lets the handler's
-	// own business transaction complete it (Lease.CompleteTx, fenced), and
-	// answers every outcome the way serveTransactional does. It is
-	// deliberately absent until it can work.
+	if m.cfg.Mode == Leased {
+		m.serveLeased(w, rq)
+		return
+	}
 	m.serveTransactional(w, rq)
 }
 
@@ -195,7 +199,6 @@ func (m *middleware[TTx]) serveTransactional(w http.ResponseWriter, rq *request)
 	})
 	answered = true
 
-	var inProgress *idem.InProgressError
 	switch {
 	case err == nil && res.Replayed:
 		m.replay(w, rq, res.Response)
@@ -211,8 +214,21 @@ func (m *middleware[TTx]) serveTransactional(w http.ResponseWriter, rq *request)
 		m.send(w, rq, last)
 		m.log(rq, "rolled_back", last.status)
 	case errors.Is(err, errTooLargeToStore):
-		m.fail(w, rq, "response_too_large", &Error{Status: http.StatusInternalServerError, Code: CodeResponseTooLarge,
-			Message: "The response is too large to be stored for retries; nothing was done."})
+		m.failTooLarge(w, rq)
+	default:
+		// The store is unreachable or failing, the commit failed, the
+		// transaction kept conflicting, or Timeout ran out: whatever the
+		// handler did was rolled back (a commit that failed on a lost
+		// connection may have committed; the retry then replays it).
+		m.failClaim(w, rq, err)
+	}
+}
+
+// failClaim answers a claim that did not acquire the key, or a request that
+// failed in the store: the key reused, in progress, or the store failing.
+func (m *middleware[TTx]) failClaim(w http.ResponseWriter, rq *request, err error) {
+	var inProgress *idem.InProgressError
+	switch {
 	case errors.Is(err, idem.ErrFingerprint):
 		m.fail(w, rq, "key_reused", &Error{Status: m.cfg.MismatchStatus, Code: CodeKeyReused,
 			Message: "This " + m.cfg.Header + " was used with a different request. Use a new key for a new request."})
@@ -224,14 +240,21 @@ func (m *middleware[TTx]) serveTransactional(w http.ResponseWriter, rq *request)
 		m.fail(w, rq, "key_invalid", &Error{Status: http.StatusBadRequest, Code: CodeKeyInvalid,
 			Message: "The " + m.cfg.Header + " header is not a valid key."})
 	default:
-		// The store is unreachable or failing, the commit failed, the
-		// transaction kept conflicting, or Timeout ran out: whatever the
-		// handler did was rolled back (a commit that failed on a lost
-		// connection may have committed; the retry then replays it).
-		m.fail(w, rq, "store_unavailable", &Error{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
-			Message:    "The request could not be processed safely right now. Retry later with the same key.",
-			RetryAfter: m.cfg.UnavailableRetryAfter})
+		m.failUnavailable(w, rq)
 	}
+}
+
+// failUnavailable answers 503 with CodeStoreUnavailable.
+func (m *middleware[TTx]) failUnavailable(w http.ResponseWriter, rq *request) {
+	m.fail(w, rq, "store_unavailable", &Error{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
+		Message:    "The request could not be processed safely right now. Retry later with the same key.",
+		RetryAfter: m.cfg.UnavailableRetryAfter})
+}
+
+// failTooLarge answers 500 with CodeResponseTooLarge.
+func (m *middleware[TTx]) failTooLarge(w http.ResponseWriter, rq *request) {
+	m.fail(w, rq, "response_too_large", &Error{Status: http.StatusInternalServerError, Code: CodeResponseTooLarge,
+		Message: "The response is too large to be stored for retries; nothing was done."})
 }
 
 // runHandler calls the handler on a fresh copy of the request, with ctx and
@@ -317,10 +340,12 @@ func asError(err error, code, message string) *Error {
 func (m *middleware[TTx]) log(rq *request, outcome string, status int) {
 	level := slog.LevelInfo
 	switch outcome {
-	case "store_unavailable", "response_too_large", "panic":
+	case "store_unavailable", "response_too_large", "panic", "lease_lost":
 		level = slog.LevelError
+	case "rolled_back_not_released":
+		level = slog.LevelWarn
 	}
-	attrs := make([]slog.Attr, 0, 8)
+	attrs := make([]slog.Attr, 0, 9)
 	attrs = append(attrs,
 		slog.String("outcome", outcome),
 		slog.String("method", rq.r.Method),
@@ -337,6 +362,9 @@ func (m *middleware[TTx]) log(rq *request, outcome string, status int) {
 	}
 	if rq.hasFP {
 		attrs = append(attrs, slog.String("fingerprint", hex.EncodeToString(rq.fp[:6])))
+	}
+	if rq.attempt != 0 {
+		attrs = append(attrs, slog.Int("attempt", rq.attempt))
 	}
 	attrs = append(attrs, slog.Duration("latency", time.Since(rq.start)))
 	m.cfg.Logger.LogAttrs(rq.r.Context(), level, "idemhttp: request", attrs...)

@@ -57,7 +57,7 @@ func runCases[TTx any](t *testing.T, h harness[TTx]) {
 
 // cases lists the cases in a fixed order.
 func cases[TTx any]() []testCase[TTx] {
-	return []testCase[TTx]{
+	return append([]testCase[TTx]{
 		{"MethodsPassThrough", testMethodsPassThrough[TTx]},
 		{"KeyMissing", testKeyMissing[TTx]},
 		{"KeyInvalid", testKeyInvalid[TTx]},
@@ -86,7 +86,7 @@ func cases[TTx any]() []testCase[TTx] {
 		{"LogsCarryNoSecrets", testLogsCarryNoSecrets[TTx]},
 		{"ResponseSizeLimit", testResponseSizeLimit[TTx]},
 		{"ConcurrentDuplicates", testConcurrentDuplicates[TTx]},
-	}
+	}, leasedCases[TTx]()...)
 }
 
 const orderBody = `{"amount":1500}`
@@ -927,12 +927,14 @@ func testContextAccessors[TTx any](t *testing.T, h harness[TTx]) {
 	type seen struct {
 		key, scope, requestID string
 		ctx                   context.Context
+		lease                 bool
 	}
 	var got atomic.Value
 	b := setup(t, h, options[TTx]{handler: func(b *bundle[TTx], w http.ResponseWriter, r *http.Request, tx TTx, ok bool) {
 		key, _ := idemhttp.Key(r.Context())
 		scope, _ := idemhttp.Scope(r.Context())
-		got.Store(seen{key: key, scope: scope, requestID: idemhttp.RequestID(r.Context()), ctx: r.Context()})
+		_, lease := idemhttp.Lease[TTx](r.Context())
+		got.Store(seen{key: key, scope: scope, requestID: idemhttp.RequestID(r.Context()), ctx: r.Context(), lease: lease})
 		createOrder(b, w, r, tx, ok)
 	}})
 	key := newKey()
@@ -942,6 +944,7 @@ func testContextAccessors[TTx any](t *testing.T, h harness[TTx]) {
 	require.Equal(t, key, s.key, "the key as parsed, unquoted")
 	require.Equal(t, "acme POST /orders", s.scope)
 	require.Equal(t, "rid-1", s.requestID)
+	require.False(t, s.lease, "no lease in the transactional mode")
 	_, ok := idemhttp.Tx[TTx](s.ctx)
 	require.False(t, ok, "the transaction is not reachable after the handler returned")
 	require.False(t, idemhttp.MarkFinal(s.ctx))
@@ -1115,6 +1118,7 @@ func TestNewPanicsOnInvalidConfig(t *testing.T) {
 		{MaxBodyBytes: -1},
 		{MaxResponseBytes: -1},
 		{Timeout: -time.Second},
+		{Mode: idemhttp.Leased + 1},
 	} {
 		require.Panics(t, func() { idemhttp.New(store, &cfg) })
 	}
@@ -1128,6 +1132,8 @@ func TestAccessorsOutsideMiddleware(t *testing.T) {
 	_, ok := idemhttp.Tx[*sqlTx](ctx)
 	require.False(t, ok)
 	_, ok = idemhttp.Key(ctx)
+	require.False(t, ok)
+	_, ok = idemhttp.Lease[*sqlTx](ctx)
 	require.False(t, ok)
 	_, ok = idemhttp.Scope(ctx)
 	require.False(t, ok)

@@ -18,12 +18,16 @@ type api[TTx any] struct {
 	orders orderRepo[TTx]
 	// delay is how long create sleeps inside its transaction (-handler-delay).
 	delay time.Duration
+	// provider is the fake payment provider POST /payments charges.
+	provider *provider
 }
 
-// routes wires the middleware onto POST /orders only: the GETs are safe to
-// repeat by themselves.
+// routes wires the middleware onto the POSTs only: the GETs are safe to
+// repeat by themselves. POST /orders writes to the database only and uses
+// the transactional mode; POST /payments calls the payment provider and
+// uses the leased mode.
 func (a *api[TTx]) routes(store *idem.Store[TTx], logger *slog.Logger) http.Handler {
-	idempotent := idemhttp.New(store, &idemhttp.Config{
+	cfg := idemhttp.Config{
 		Tenant: func(r *http.Request) (string, error) {
 			if t := r.Header.Get("X-Tenant-ID"); t != "" {
 				return t, nil
@@ -31,9 +35,14 @@ func (a *api[TTx]) routes(store *idem.Store[TTx], logger *slog.Logger) http.Hand
 			return "", errTenantMissing
 		},
 		Logger: logger,
-	})
+	}
+	idempotent := idemhttp.New(store, &cfg)
+	leased := cfg
+	leased.Mode = idemhttp.Leased
+	idempotentOutside := idemhttp.New(store, &leased)
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", idempotent(http.HandlerFunc(a.create)))
+	mux.Handle("POST /payments", idempotentOutside(http.HandlerFunc(a.pay)))
 	mux.HandleFunc("GET /orders/{id}", a.get)
 	mux.HandleFunc("GET /orders", a.list)
 	return mux

@@ -45,6 +45,9 @@ type service struct {
 	handler http.Handler
 	// reap runs the reaper until ctx ends.
 	reap func(ctx context.Context)
+	// providerCalls counts the payment provider's charge calls, for the
+	// demo's table.
+	providerCalls func() int
 }
 
 // openDatabase opens the database named by spec (see the -db flag), applies
@@ -81,7 +84,7 @@ func openSQLite(ctx context.Context, path string) (*database, error) {
 	if err := prepare(ctx, func() error { return idemsqlite.Migrate(ctx, db) }, func(q string) error {
 		_, err := db.ExecContext(ctx, q)
 		return err
-	}, sqliteSchema); err != nil {
+	}, sqliteSchema, sqlitePayments); err != nil {
 		_ = db.Close()
 		return nil, err
 	}
@@ -100,7 +103,7 @@ func openPostgres(ctx context.Context, url string) (*database, error) {
 	if err := prepare(ctx, func() error { return idempg.Migrate(ctx, pool) }, func(q string) error {
 		_, err := pool.Exec(ctx, q)
 		return err
-	}, postgresSchema); err != nil {
+	}, postgresSchema, postgresPayments); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -132,20 +135,22 @@ func openMySQL(ctx context.Context, dsn string) (*database, error) {
 	if err := prepare(ctx, func() error { return idemmysql.Migrate(ctx, db) }, func(q string) error {
 		_, err := db.ExecContext(ctx, q)
 		return err
-	}, mysqlSchema); err != nil {
+	}, mysqlSchema, mysqlPayments); err != nil {
 		_ = db.Close()
 		return nil, err
 	}
 	return newDatabase(dialectMySQL, "MySQL/MariaDB "+cfg.Addr+"/"+cfg.DBName, idemmysql.New(db), &sqlOrders{db: db}, func() { _ = db.Close() }), nil
 }
 
-// prepare applies idem's migrations, then the orders table.
-func prepare(ctx context.Context, migrate func() error, exec func(string) error, schema string) error {
+// prepare applies idem's migrations, then the service's tables.
+func prepare(ctx context.Context, migrate func() error, exec func(string) error, tables ...string) error {
 	if err := migrate(); err != nil {
 		return fmt.Errorf("migrate idem's table: %w", err)
 	}
-	if err := exec(schema); err != nil {
-		return fmt.Errorf("create the orders table: %w", err)
+	for _, t := range tables {
+		if err := exec(t); err != nil {
+			return fmt.Errorf("create the service's tables: %w", err)
+		}
 	}
 	return ctx.Err()
 }
@@ -158,11 +163,16 @@ func newDatabase[TTx any](dialect, describe string, d idem.Dialect[TTx], orders 
 		describe: describe,
 		close:    closeFn,
 		service: func(ctx context.Context, o *options, logger *slog.Logger) (*service, error) {
+			prov := newProvider(o.providerDelay)
 			store, err := idem.New(d, &idem.Config{
 				LeaseDuration: o.lease,
 				Retention:     o.retention,
 				WaitTimeout:   o.waitTimeout,
 				Logger:        logger,
+				// A POST /payments whose holder crashed is resolved by
+				// asking the provider, on the client's retry or by the
+				// reaper.
+				StatusCheck: prov.paymentStatus,
 			})
 			if err != nil {
 				return nil, err
@@ -171,10 +181,11 @@ func newDatabase[TTx any](dialect, describe string, d idem.Dialect[TTx], orders 
 			if err != nil {
 				return nil, err
 			}
-			a := &api[TTx]{orders: orders, delay: o.handlerDelay}
+			a := &api[TTx]{orders: orders, delay: o.handlerDelay, provider: prov}
 			return &service{
-				handler: a.routes(store, logger),
-				reap:    func(ctx context.Context) { _ = reaper.Run(ctx) },
+				handler:       a.routes(store, logger),
+				reap:          func(ctx context.Context) { _ = reaper.Run(ctx) },
+				providerCalls: prov.callCount,
 			}, nil
 		},
 		countOrders: orders.count,
@@ -217,6 +228,37 @@ const (
 )`
 )
 
+// The payments table, with the same backstop.
+const (
+	postgresPayments = `CREATE TABLE IF NOT EXISTS payments (
+	id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	tenant          text NOT NULL,
+	idempotency_key text NOT NULL,
+	charge_id       text NOT NULL,
+	amount_cents    bigint NOT NULL CHECK (amount_cents > 0),
+	created_at      timestamptz NOT NULL,
+	UNIQUE (tenant, idempotency_key)
+)`
+	mysqlPayments = `CREATE TABLE IF NOT EXISTS payments (
+	id              BIGINT AUTO_INCREMENT PRIMARY KEY,
+	tenant          VARCHAR(255) NOT NULL,
+	idempotency_key VARBINARY(255) NOT NULL,
+	charge_id       VARCHAR(255) NOT NULL,
+	amount_cents    BIGINT NOT NULL CHECK (amount_cents > 0),
+	created_at      DATETIME(6) NOT NULL,
+	UNIQUE KEY payments_tenant_key (tenant, idempotency_key)
+) ENGINE = InnoDB`
+	sqlitePayments = `CREATE TABLE IF NOT EXISTS payments (
+	id              INTEGER PRIMARY KEY,
+	tenant          TEXT NOT NULL,
+	idempotency_key TEXT NOT NULL,
+	charge_id       TEXT NOT NULL,
+	amount_cents    INTEGER NOT NULL CHECK (amount_cents > 0),
+	created_at      DATETIME NOT NULL,
+	UNIQUE (tenant, idempotency_key)
+)`
+)
+
 // order is one row of the orders table, and its JSON form.
 type order struct {
 	ID          int64     `json:"id"`
@@ -230,10 +272,11 @@ type order struct {
 // errNoOrder is returned when a tenant has no order with the ID asked for.
 var errNoOrder = errors.New("no such order")
 
-// orderRepo reads and writes orders; insert runs on the transaction the
-// middleware claimed the key in.
+// orderRepo reads and writes orders, and writes payments; the inserts run
+// on the transaction the middleware gives the handler.
 type orderRepo[TTx any] interface {
 	insert(ctx context.Context, tx TTx, key string, o *order) error
+	insertPayment(ctx context.Context, tx TTx, key string, p *payment) error
 	get(ctx context.Context, tenant string, id int64) (*order, error)
 	list(ctx context.Context, tenant string) ([]order, error)
 	count(ctx context.Context, tenant string) (int, error)
@@ -246,6 +289,12 @@ func (p *pgOrders) insert(ctx context.Context, tx pgx.Tx, key string, o *order) 
 	return tx.QueryRow(ctx, `INSERT INTO orders (tenant, idempotency_key, sku, qty, amount_cents, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
 		o.Tenant, key, o.SKU, o.Qty, o.AmountCents, o.CreatedAt).Scan(&o.ID)
+}
+
+func (p *pgOrders) insertPayment(ctx context.Context, tx pgx.Tx, key string, pm *payment) error {
+	return tx.QueryRow(ctx, `INSERT INTO payments (tenant, idempotency_key, charge_id, amount_cents, created_at)
+		VALUES ($1, $2, $3, $4, $5) RETURNING id`,
+		pm.Tenant, key, pm.ChargeID, pm.AmountCents, pm.CreatedAt).Scan(&pm.ID)
 }
 
 func (p *pgOrders) get(ctx context.Context, tenant string, id int64) (*order, error) {
@@ -291,6 +340,16 @@ func (s *sqlOrders) insert(ctx context.Context, tx *sql.Tx, key string, o *order
 		return err
 	}
 	o.ID, err = res.LastInsertId()
+	return err
+}
+
+func (s *sqlOrders) insertPayment(ctx context.Context, tx *sql.Tx, key string, p *payment) error {
+	res, err := tx.ExecContext(ctx, `INSERT INTO payments (tenant, idempotency_key, charge_id, amount_cents, created_at)
+		VALUES (?, ?, ?, ?, ?)`, p.Tenant, key, p.ChargeID, p.AmountCents, p.CreatedAt)
+	if err != nil {
+		return err
+	}
+	p.ID, err = res.LastInsertId()
 	return err
 }
 

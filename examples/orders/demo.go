@@ -32,6 +32,7 @@ type demo struct {
 	base    string
 	client  *http.Client
 	db      *database
+	svc     *service
 	tenantA string
 	tenantB string
 	steps   []stepResult
@@ -50,13 +51,14 @@ type answer struct {
 
 // playDemo plays the script against the service at base and prints the
 // table to out. It returns an error unless every step behaved as expected.
-func playDemo(ctx context.Context, out io.Writer, base string, db *database, o *options) error {
+func playDemo(ctx context.Context, out io.Writer, base string, db *database, svc *service, o *options) error {
 	run := randomHex(4) // tenants and keys of their own, so a reused database does not matter
 	d := &demo{
 		ctx:     ctx,
 		base:    base,
 		client:  &http.Client{Timeout: time.Minute},
 		db:      db,
+		svc:     svc,
 		tenantA: "acme-" + run,
 		tenantB: "globex-" + run,
 	}
@@ -96,9 +98,10 @@ func playDemo(ctx context.Context, out io.Writer, base string, db *database, o *
 	d.expect("corrected retry", "key 4 with qty 1", d.post(d.tenantA, key(4), `{"sku":"green-tea","qty":1,"amount_cents":1250}`), func(a answer) string {
 		return want(a.status == http.StatusCreated && !a.replayed, "201: the 422 left the key free")
 	})
+	d.inFlightPayment(key(5), o)
 
 	// Every step must also leave exactly the orders it should.
-	wantOrders := []struct{ a, b int }{{1, 0}, {1, 0}, {1, 0}, {1, 0}, {2, 0}, {2, 0}, {2, 1}, {3, 1}, {3, 1}, {4, 1}}
+	wantOrders := []struct{ a, b int }{{1, 0}, {1, 0}, {1, 0}, {1, 0}, {2, 0}, {2, 0}, {2, 1}, {3, 1}, {3, 1}, {4, 1}, {4, 1}, {4, 1}}
 	failed := 0
 	for i := range d.steps {
 		s := &d.steps[i]
@@ -232,9 +235,50 @@ func (d *demo) inFlight(key, body string, o *options) {
 	d.record(s)
 }
 
+// inFlightPayment pays, sends a duplicate while the provider is still
+// charging (-provider-delay), then retries once the original answered.
+// POST /payments uses the leased mode: its claim is committed before the
+// provider is called, so the duplicate gets 409 on every database.
+func (d *demo) inFlightPayment(key string, o *options) {
+	const body = `{"amount_cents":4200}`
+	original := make(chan answer, 1)
+	go func() { original <- d.postTo("/payments", d.tenantA, key, body) }()
+	time.Sleep(min(o.providerDelay/4, 150*time.Millisecond)) // the original is at the provider
+	dup := d.postTo("/payments", d.tenantA, key, body)
+	orig := <-original
+
+	s := stepResult{name: "in-flight payment duplicate", request: "POST /payments, key 5, again while the provider charges",
+		status: dup.describe(), replayed: yesNo(dup.replayed)}
+	switch {
+	case dup.err != nil:
+		s.problem = dup.err.Error()
+	case orig.err != nil || orig.status != http.StatusCreated || orig.replayed:
+		s.problem = "the original did not get its 201: " + orig.describe()
+	case o.providerDelay >= 300*time.Millisecond:
+		s.problem = want(dup.status == http.StatusConflict && dup.code == "idempotency_request_in_progress" && dup.header.Get("Retry-After") != "",
+			"409 idempotency_request_in_progress with Retry-After, on every database")
+		s.status += ", Retry-After: " + dup.header.Get("Retry-After")
+	default: // -provider-delay too short to be sure the duplicate meets the original at work
+		s.problem = want(dup.status == http.StatusCreated && dup.replayed || dup.code == "idempotency_request_in_progress",
+			"201 replayed or 409 in progress")
+	}
+	d.record(s)
+
+	retry := d.postTo("/payments", d.tenantA, key, body)
+	d.expect("payment retried", "key 5 again after the 201", retry, func(a answer) string {
+		return want(a.status == http.StatusCreated && a.replayed && bytes.Equal(a.body, orig.body) && d.svc.providerCalls() == 1,
+			"201 replayed, and the provider called once")
+	})
+	d.notes = append(d.notes, "POST /payments calls a payment provider (a fake one here): idemhttp's leased mode commits its claim "+
+		"before the call, so an in-flight duplicate gets 409 on every database, SQLite included, and the provider is called once.")
+}
+
 // post sends POST /orders as tenant, with key unless it is empty.
-func (d *demo) post(tenant, key, body string) answer {
-	req, err := http.NewRequestWithContext(d.ctx, http.MethodPost, d.base+"/orders", strings.NewReader(body))
+func (d *demo) post(tenant, key, body string) answer { return d.postTo("/orders", tenant, key, body) }
+
+// postTo sends a POST to path as tenant, with key unless it is empty.
+func (d *demo) postTo(path, tenant, key, body string) answer {
+	req, err := http.NewRequestWithContext(d.ctx, http.MethodPost, d.base+path, strings.NewReader(body))
 	if err != nil {
 		return answer{err: err}
 	}

@@ -13,6 +13,15 @@
 //	                    → 201, Location: /orders/{id}, the order
 //	GET  /orders/{id}   X-Tenant-ID → the order
 //	GET  /orders        X-Tenant-ID → {"count": N, "orders": [...]}
+//	POST /payments      X-Tenant-ID, Idempotency-Key, {"amount_cents": N}
+//	                    → 201, Location: /payments/{id}, the payment, charged once
+//	                    at a (fake, in-memory) payment provider
+//
+// POST /orders writes to the database only: idemhttp claims its key inside
+// the order's transaction. POST /payments calls a payment provider, which no
+// rollback can undo: idemhttp's leased mode commits its claim before the
+// provider is called, and the store's StatusCheck asks the provider about a
+// holder that crashed.
 //
 // Try it with curl while it serves:
 //
@@ -60,7 +69,9 @@ type options struct {
 	waitTimeout  time.Duration
 	reapInterval time.Duration
 	handlerDelay time.Duration
-	demo         bool
+	// providerDelay is how long the fake payment provider takes to charge.
+	providerDelay time.Duration
+	demo          bool
 	// set records the flags given on the command line.
 	set map[string]bool
 }
@@ -76,7 +87,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.waitTimeout, "wait-timeout", 5*time.Second, "how long a duplicate waits for an in-flight original before 409 (idem.Config.WaitTimeout)")
 	fs.DurationVar(&o.reapInterval, "reap-interval", time.Minute, "how often the reaper deletes expired records")
 	fs.DurationVar(&o.handlerDelay, "handler-delay", 0, "how long POST /orders sleeps inside its transaction, to make in-flight duplicates easy to see")
-	fs.BoolVar(&o.demo, "demo", false, "serve on a random local port, play a scripted client against it, print a table, and exit;\n-wait-timeout defaults to 300ms (1s on MySQL) and -handler-delay to 500ms more")
+	fs.DurationVar(&o.providerDelay, "provider-delay", 0, "how long the fake payment provider of POST /payments takes to charge")
+	fs.BoolVar(&o.demo, "demo", false, "serve on a random local port, play a scripted client against it, print a table, and exit;\n-wait-timeout defaults to 300ms (1s on MySQL), -handler-delay to 500ms more, -provider-delay to 500ms")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -131,7 +143,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	var demoErr error
 	if o.demo {
-		demoErr = playDemo(ctx, stdout, base, db, o)
+		demoErr = playDemo(ctx, stdout, base, db, svc, o)
 	} else {
 		select {
 		case <-ctx.Done():
@@ -170,5 +182,8 @@ func demoTimings(o *options, dialect string) {
 	}
 	if !o.set["handler-delay"] {
 		o.handlerDelay = o.waitTimeout + 500*time.Millisecond
+	}
+	if !o.set["provider-delay"] {
+		o.providerDelay = 500 * time.Millisecond
 	}
 }

@@ -62,10 +62,11 @@ func playDemoOn(t *testing.T, db string) {
 	t.Log("\n" + out.String())
 	require.NoError(t, err, errOut.String())
 	require.Regexp(t, `^orders: serving on http://127\.0\.0\.1:\d+ `, out.String(), "one ready line first")
-	require.Contains(t, out.String(), "All 10 steps behaved as expected.")
+	require.Contains(t, out.String(), "All 12 steps behaved as expected.")
 	require.NotContains(t, out.String(), "FAILED")
 	for _, step := range []string{"first POST", "client retries", "JSON keys reordered", "amount changed",
-		"50 concurrent duplicates", "no Idempotency-Key", "another tenant, same key", "in-flight duplicate"} {
+		"50 concurrent duplicates", "no Idempotency-Key", "another tenant, same key", "in-flight duplicate",
+		"in-flight payment duplicate", "payment retried"} {
 		require.Contains(t, out.String(), step)
 	}
 }
@@ -203,6 +204,27 @@ func TestAPI(t *testing.T) {
 	resp, body := do("POST", "/orders", "acme", "api-test-key-3", `{"sku":"tea","qty":"two"}`)
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	require.Equal(t, "invalid_body", code(body))
+
+	// POST /payments, in the leased mode: charged once, replayed, and a
+	// request that fails validation leaves the key free.
+	resp, paid := do("POST", "/payments", "acme", "api-test-pay-1", `{"amount_cents":4200}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, string(paid))
+	require.Regexp(t, `^/payments/\d+$`, resp.Header.Get("Location"))
+	var pm map[string]any
+	require.NoError(t, json.Unmarshal(paid, &pm))
+	for _, field := range []string{"id", "tenant", "charge_id", "amount_cents", "attempt", "created_at"} {
+		require.Contains(t, pm, field)
+	}
+	resp, again := do("POST", "/payments", "acme", "api-test-pay-1", `{"amount_cents":4200}`)
+	require.Equal(t, "true", resp.Header.Get("Idempotency-Replayed"))
+	require.Equal(t, string(paid), string(again))
+	require.Equal(t, 1, svc.providerCalls())
+	resp, body = do("POST", "/payments", "acme", "api-test-pay-2", `{"amount_cents":0}`)
+	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
+	require.Equal(t, "validation_failed", code(body))
+	resp, _ = do("POST", "/payments", "acme", "api-test-pay-2", `{"amount_cents":1}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "the 422 released the key")
+	require.Equal(t, 2, svc.providerCalls())
 
 	// The business backstop: a second order for one (tenant, key) cannot
 	// be written, whatever happens above the table.
