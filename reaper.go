@@ -131,7 +131,7 @@ func (r *Reaper[TTx]) nextDelay() time.Duration {
 	if r.cfg.Jitter <= 0 {
 		return r.cfg.Interval
 	}
-	return r.cfg.Interval + rand.N(r.cfg.Jitter)
+	return r.cfg.Interval + rand.N(r.cfg.Jitter) //nolint:gosec // not security-sensitive: jitter only spreads reapers apart
 }
 
 // RunOnce makes one pass: it deletes expired records, up to MaxBatches

@@ -627,7 +627,7 @@ func validText(s string, maxLen int) bool {
 
 func backoff(try int) time.Duration {
 	base := 5 * time.Millisecond << min(try, 6)
-	return base/2 + rand.N(base)
+	return base/2 + rand.N(base) //nolint:gosec // not security-sensitive: backoff only spreads retries
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

@@ -46,7 +46,7 @@ func TestStatus(t *testing.T) {
 
 func TestInProgressError(t *testing.T) {
 	t.Parallel()
-	var err error = fmt.Errorf("wrapped: %w", &idem.InProgressError{KeyDigest: "0123abcd", RetryAfter: 1500 * time.Millisecond, TxAborted: true})
+	err := fmt.Errorf("wrapped: %w", &idem.InProgressError{KeyDigest: "0123abcd", RetryAfter: 1500 * time.Millisecond, TxAborted: true})
 	require.ErrorIs(t, err, idem.ErrInProgress)
 	require.NotErrorIs(t, err, idem.ErrFingerprint)
 	var ip *idem.InProgressError

@@ -55,6 +55,7 @@ const (
 // return a dialect on that same namespace, closed when t ends, without
 // creating or migrating anything.
 func RunChild[TTx any](t *testing.T, reopen func(ctx context.Context, t *testing.T) idem.Dialect[TTx]) {
+	t.Helper()
 	raw, ok := os.LookupEnv(childSpecEnv)
 	if !ok {
 		return // a normal run: this is no test of its own
@@ -120,7 +121,7 @@ func startChild[TTx any](t *testing.T, ns *Namespace[TTx], spec childSpec) *chil
 	require.NoError(t, err)
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	cmd := exec.Command(exe, "-test.run=^"+ChildTestName+"$", "-test.count=1",
+	cmd := exec.CommandContext(t.Context(), exe, "-test.run=^"+ChildTestName+"$", "-test.count=1",
 		"-test.timeout="+(childStartLimit+childHangLimit).String())
 	cmd.Env = append(os.Environ(), ns.ChildEnv...)
 	cmd.Env = append(cmd.Env, childSpecEnv+"="+string(raw))
@@ -212,6 +213,7 @@ type fileProvider struct {
 }
 
 func newFileProvider(t *testing.T) *fileProvider {
+	t.Helper()
 	return &fileProvider{path: filepath.Join(t.TempDir(), "provider.log")}
 }
 

@@ -89,6 +89,7 @@ func pay[TTx any](ctx context.Context, t *testing.T, b *bundle[TTx], p *provider
 }
 
 func leaseSetup[TTx any](t *testing.T, h Harness[TTx], check idem.StatusCheck) (context.Context, *bundle[TTx], *clock) {
+	t.Helper()
 	clk := newClock()
 	ctx, b := setup(t, h, &idem.Config{LeaseDuration: 30 * time.Second, Retention: 24 * time.Hour, Now: clk.Now, StatusCheck: check})
 	return ctx, b, clk

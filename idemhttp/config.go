@@ -239,7 +239,7 @@ func (c *Config) settings() (*settings, error) {
 	case s.MismatchStatus < 400 || s.MismatchStatus > 499:
 		return nil, fmt.Errorf("MismatchStatus %d is not a 4xx status", s.MismatchStatus)
 	case s.Timeout < 0:
-		return nil, fmt.Errorf("Timeout %s is negative", s.Timeout)
+		return nil, fmt.Errorf("Timeout %s is negative", s.Timeout) //nolint:staticcheck // ST1005: starts with the field name Timeout, like the messages around it
 	case s.UnavailableRetryAfter < 0:
 		return nil, fmt.Errorf("UnavailableRetryAfter %s is negative", s.UnavailableRetryAfter)
 	}

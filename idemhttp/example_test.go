@@ -63,7 +63,7 @@ func Example() {
 	defer srv.Close()
 
 	for _, body := range []string{`{"amount": 4200}`, `{ "amount":4200 }`, `{"amount": 1}`} {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(body))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/orders", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Tenant-ID", "acme")
 		req.Header.Set("Idempotency-Key", "order-0001-example")
@@ -146,7 +146,7 @@ func Example_leased() {
 	defer srv.Close()
 
 	for range 2 {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount": 4200}`))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount": 4200}`))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", "payment-0001-example")
 		resp, err := http.DefaultClient.Do(req)

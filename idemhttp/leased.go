@@ -67,10 +67,11 @@ func (m *middleware[TTx]) serveLeased(w http.ResponseWriter, rq *request) {
 	defer cancelHandler(nil)
 	keepAliveCtx, stop := lease.KeepAlive(ctx)
 	run.stopKeepAlive = stop
-	defer run.stopRenewals()
+	defer func() { _ = run.stopRenewals() }() // finish reads the renewal error; here it only ensures the renewals stop
 	defer context.AfterFunc(keepAliveCtx, func() {
 		// Canceled: stopped by the middleware, or ctx ended (which the
 		// handler's context sees by itself); DeadlineExceeded: Timeout.
+		//nolint:errorlint // identity on purpose: only the bare sentinels mean "stopped" or "Timeout"; a renewal error that wraps one must still cancel the handler
 		if cause := context.Cause(keepAliveCtx); cause != context.Canceled && cause != context.DeadlineExceeded {
 			cancelHandler(cause)
 		}

@@ -108,7 +108,7 @@ func pay[TTx any](p *provider, between func(b *bundle[TTx], w http.ResponseWrite
 		w.Header().Set("Location", fmt.Sprintf("/payments/%d", id))
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"id":%d,"attempt":%d}`, id, lease.Attempt())
+		fmt.Fprintf(w, `{"id":%d,"attempt":%d}`, id, lease.Attempt()) //nolint:gosec // test handler writing JSON of two integers: nothing to escape
 	}
 }
 
@@ -320,7 +320,7 @@ func testLeasedFailures[TTx any](t *testing.T, h harness[TTx]) {
 			handler(b, w, r, tx, ok)
 		},
 	})
-	handler = func(b *bundle[TTx], w http.ResponseWriter, r *http.Request, tx TTx, ok bool) {
+	handler = func(b *bundle[TTx], w http.ResponseWriter, r *http.Request, _ TTx, _ bool) {
 		var in struct {
 			Amount int64  `json:"amount"`
 			Then   string `json:"then"`
@@ -334,7 +334,7 @@ func testLeasedFailures[TTx any](t *testing.T, h harness[TTx]) {
 			http.Error(w, "too slow", http.StatusGatewayTimeout)
 			return
 		}
-		tx, ok = idemhttp.Tx[TTx](r.Context())
+		tx, ok := idemhttp.Tx[TTx](r.Context())
 		if !ok {
 			http.Error(w, "no transaction", http.StatusInternalServerError)
 			return
@@ -412,6 +412,7 @@ func (b *bundle[TTx]) rival(t *testing.T) *idem.Store[TTx] {
 // takeOver makes the rival take the key of r over, as a new holder would
 // after the request's lease ran out.
 func (b *bundle[TTx]) takeOver(t *testing.T, rival *idem.Store[TTx], r *http.Request) (*idem.Lease[TTx], error) {
+	t.Helper()
 	key, _ := idemhttp.Key(r.Context())
 	scope, _ := idemhttp.Scope(r.Context())
 	rec, err := b.store.Get(r.Context(), scope, key)

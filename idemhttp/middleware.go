@@ -139,10 +139,10 @@ func (m *middleware[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rq.fp, rq.hasFP = fingerprint(r.Method, route, tenant, r.URL, body.mediaType, hashed), true
 
 	if m.cfg.Mode == Leased {
-		m.serveLeased(w, rq)
+		m.serveLeased(w, rq) //nolint:contextcheck // derives its ctx from rq.r.Context() via context.WithoutCancel on purpose: a client that goes away must not cancel a claimed key's work
 		return
 	}
-	m.serveTransactional(w, rq)
+	m.serveTransactional(w, rq) //nolint:contextcheck // derives its ctx from rq.r.Context() via context.WithoutCancel on purpose: a client that goes away must not cancel a claimed key's work
 }
 
 // errPassThrough makes idem.Store.Do roll back a 4xx or 5xx response that

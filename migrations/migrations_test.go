@@ -119,6 +119,7 @@ func TestSQLiteUpAndDown(t *testing.T) {
 	rows, err := db.QueryContext(ctx,
 		`SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' AND tbl_name <> ?`, migrations.VersionTable)
 	require.NoError(t, err)
+	defer rows.Close()
 	for rows.Next() {
 		var name string
 		require.NoError(t, rows.Scan(&name))
@@ -141,6 +142,7 @@ func TestVersionTable(t *testing.T) {
 	var names []string
 	rows, err := db.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE '%goose%'`)
 	require.NoError(t, err)
+	defer rows.Close()
 	for rows.Next() {
 		var name string
 		require.NoError(t, rows.Scan(&name))

@@ -36,14 +36,14 @@ func TestInterpretError(t *testing.T) {
 	t.Cleanup(func() { _ = conn.Close() })
 	_, err = conn.ExecContext(ctx, "CREATE TEMPORARY TABLE idem_dup (k VARBINARY(64) PRIMARY KEY)")
 	require.NoError(t, err)
-	const secret = "raw-key-4711"
-	_, err = conn.ExecContext(ctx, "INSERT INTO idem_dup VALUES (?), (?)", secret, secret)
+	const rawKey = "raw-key-4711"
+	_, err = conn.ExecContext(ctx, "INSERT INTO idem_dup VALUES (?), (?)", rawKey, rawKey)
 	require.Error(t, err)
 	require.True(t, isDupEntry(err))
 	require.False(t, isDupEntry(interpretError(sql.ErrNoRows)))
 
 	dup := interpretError(err)
-	require.NotContains(t, dup.Error(), secret, "the server's message quotes the key")
+	require.NotContains(t, dup.Error(), rawKey, "the server's message quotes the key")
 	require.ErrorIs(t, dup, errUniqueViolation)
 	require.NotErrorIs(t, dup, idem.ErrRetryable)
 	require.NotErrorIs(t, dup, idem.ErrStoreUnavailable)

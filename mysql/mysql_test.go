@@ -1178,6 +1178,7 @@ func TestTakeoverRechecksAfterWait(t *testing.T) {
 				})
 			},
 			check: func(t *testing.T, rec *idem.Record) {
+				t.Helper()
 				require.Equal(t, idem.StatusSucceeded, rec.Status)
 				require.Equal(t, []byte("late"), rec.Response.Body)
 			},
@@ -1192,6 +1193,7 @@ func TestTakeoverRechecksAfterWait(t *testing.T) {
 				return err
 			},
 			check: func(t *testing.T, rec *idem.Record) {
+				t.Helper()
 				require.Equal(t, idem.StatusProcessing, rec.Status)
 				require.Equal(t, at.Add(3*time.Minute), rec.LeaseExpiresAt)
 			},

@@ -46,7 +46,7 @@ func BenchmarkIdem(b *testing.B) {
 	benchkit.Run(b, benchkit.Target[pgx.Tx]{
 		Open: func(b *testing.B, conc int) *benchkit.Pools[pgx.Tx] {
 			b.Helper()
-			pool := benchPGPool(ctx, b, url, schema, int32(conc))
+			pool := benchPGPool(ctx, b, url, schema, int32(conc)) //nolint:gosec // conc is one of benchkit's small concurrency levels
 			store, err := idem.New(idempg.New(pool), nil)
 			if err != nil {
 				b.Fatal(err)

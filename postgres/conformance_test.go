@@ -123,12 +123,12 @@ SELECT 'seed', 'seed-' || i, decode(repeat('00', 32), 'hex'), 2, 1, 1, done,
 FROM generate_series(0, $1::integer - 1) AS i,
 	(SELECT $2::timestamptz - interval '1 hour' AS done) AS d`
 
-func (h *harness) Unreachable(_ context.Context, t *testing.T) idem.Dialect[pgx.Tx] {
+func (h *harness) Unreachable(ctx context.Context, t *testing.T) idem.Dialect[pgx.Tx] {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2")
 	require.NoError(t, err)
 	cfg.ConnConfig.DefaultQueryExecMode = h.mode
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg) // connects lazily
+	pool, err := pgxpool.NewWithConfig(ctx, cfg) // connects lazily
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return idempg.New(pool)
@@ -184,7 +184,7 @@ func openSchema(ctx context.Context, t *testing.T, mode pgx.QueryExecMode) *pgxp
 // createSchema creates an empty schema, dropped when t ends, and returns its name.
 func createSchema(ctx context.Context, t *testing.T) string {
 	t.Helper()
-	ap := adminPool(t)
+	ap := adminPool(t) //nolint:contextcheck // the admin pool is shared by the whole test binary and outlives ctx, so it is not built from it
 	schema := testdb.Name()
 	_, err := ap.Exec(ctx, "CREATE SCHEMA "+schema)
 	require.NoError(t, err)

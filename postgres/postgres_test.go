@@ -921,6 +921,7 @@ func TestLeaseQueryPlans(t *testing.T) {
 	require.NoError(t, err)
 
 	check := func(t *testing.T, explain func(sql string) []byte) {
+		t.Helper()
 		conds := indexConds(t, explain(idempg.ListStaleLeasesSQL))
 		require.Contains(t, conds, "idempotency_keys_stale_lease_idx")
 		require.Contains(t, conds["idempotency_keys_stale_lease_idx"], "lease_expires_at")
@@ -931,7 +932,9 @@ func TestLeaseQueryPlans(t *testing.T) {
 		require.Contains(t, conds, "idempotency_keys_pkey", "the delete finds the batch by primary key")
 	}
 
+	// Both subtests only read the table, each on its own connection.
 	t.Run("CustomPlan", func(t *testing.T) {
+		t.Parallel()
 		check(t, func(sql string) []byte {
 			var plan []byte
 			require.NoError(t, b.pool.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+sql, leaseClock, 1000).Scan(&plan))
@@ -940,6 +943,7 @@ func TestLeaseQueryPlans(t *testing.T) {
 	})
 
 	t.Run("GenericPlan", func(t *testing.T) {
+		t.Parallel()
 		// The plan the statement cache may settle on after five runs. The
 		// connection leaves the pool, with its session settings, for good.
 		pooled, err := b.pool.Acquire(ctx)

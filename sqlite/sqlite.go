@@ -545,7 +545,7 @@ func scanRecord(row rowScanner) (*idem.Record, error) {
 		return nil, fmt.Errorf("idem: sqlite: stored fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))
 	}
 	copy(rec.Fingerprint[:], fingerprint)
-	rec.Status = idem.Status(status)
+	rec.Status = idem.Status(status) //nolint:gosec // the schema's CHECK (status IN (1, 2, 3)) keeps it in range
 	rec.LeaseExpiresAt = fromMicros(leaseExpires)
 	rec.CreatedAt = fromMicros(created)
 	rec.UpdatedAt = fromMicros(updated)

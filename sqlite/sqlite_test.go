@@ -71,6 +71,7 @@ func TestMigrate(t *testing.T) {
 		rows, err := db.QueryContext(ctx,
 			`SELECT name FROM sqlite_master WHERE tbl_name = 'idempotency_keys' AND name NOT LIKE 'sqlite_%'`)
 		require.NoError(t, err)
+		defer rows.Close()
 		var names []string
 		for rows.Next() {
 			var name string

@@ -126,7 +126,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	ln, err := net.Listen("tcp", o.addr)
+	// Not ctx itself: as with net.Listen, a signal that arrives during
+	// startup must still end in a clean shutdown, not a failed listen.
+	ln, err := (&net.ListenConfig{}).Listen(context.WithoutCancel(ctx), "tcp", o.addr)
 	if err != nil {
 		return err
 	}

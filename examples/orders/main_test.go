@@ -257,6 +257,7 @@ func TestShutdownOnSignal(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
 			t.Parallel()
+			//nolint:gosec // G204: re-executes this test binary (os.Args[0]) with fixed arguments
 			cmd := exec.CommandContext(t.Context(), os.Args[0], "-addr", "127.0.0.1:0", "-handler-delay", "700ms")
 			cmd.Env = append(os.Environ(), "ORDERS_RUN_MAIN=1")
 			stdout, err := cmd.StdoutPipe()
@@ -274,7 +275,7 @@ func TestShutdownOnSignal(t *testing.T) {
 
 			inFlight := make(chan int, 1)
 			go func() {
-				req, _ := http.NewRequest(http.MethodPost, base+"/orders", strings.NewReader(`{"sku":"tea","qty":1,"amount_cents":100}`))
+				req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/orders", strings.NewReader(`{"sku":"tea","qty":1,"amount_cents":100}`))
 				req.Header.Set("X-Tenant-ID", "acme")
 				req.Header.Set("Idempotency-Key", "signal-test-key-1")
 				resp, err := http.DefaultClient.Do(req)

@@ -13,6 +13,7 @@ package benchkit
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -92,10 +93,8 @@ var (
 func newKey() string {
 	var raw [16]byte
 	for i := range 2 {
-		u := rand.Uint64()
-		for j := range 8 {
-			raw[8*i+j] = byte(u >> (8 * j))
-		}
+		u := rand.Uint64() //nolint:gosec // not security-sensitive: benchmark keys only need to be distinct
+		binary.LittleEndian.PutUint64(raw[8*i:], u)
 	}
 	return hex.EncodeToString(raw[:])
 }
@@ -141,6 +140,7 @@ func Run[TTx any](b *testing.B, t Target[TTx]) {
 // measure resets the tables, then runs op b.N times: in a loop when conc is
 // 1, otherwise from about conc goroutines.
 func measure[TTx any](b *testing.B, t Target[TTx], conc int, op func(context.Context) error) {
+	b.Helper()
 	ctx := context.Background()
 	if err := t.Reset(ctx); err != nil {
 		b.Fatalf("reset: %v", err)
@@ -204,15 +204,15 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 		}
 		return d.Commit(ctx, tx)
 	}
-	seeded := func() seedKey { return keys[rand.IntN(len(keys))] }
+	seeded := func() seedKey { return keys[rand.IntN(len(keys))] } //nolint:gosec // not security-sensitive: benchmark workload randomness
 
 	return []scenario{
 		{"bare", func(ctx context.Context) error {
-			tenant := scopes[rand.IntN(tenants)]
+			tenant := scopes[rand.IntN(tenants)] //nolint:gosec // not security-sensitive: benchmark workload randomness
 			return inTx(ctx, func(tx TTx) error { return insert(ctx, tx, tenant) })
 		}},
 		{"tx", func(ctx context.Context) error {
-			scope, key := scopes[rand.IntN(tenants)], newKey()
+			scope, key := scopes[rand.IntN(tenants)], newKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
 			return inTx(ctx, func(tx TTx) error {
 				c, err := s.ClaimTx(ctx, tx, scope, key, fingerprint)
 				if err != nil {
@@ -228,7 +228,7 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 			})
 		}},
 		{"do", func(ctx context.Context) error {
-			i := rand.IntN(tenants)
+			i := rand.IntN(tenants) //nolint:gosec // not security-sensitive: benchmark workload randomness
 			res, err := s.Do(ctx, scopes[i], newKey(), fingerprint, callbacks[i])
 			if err == nil && res.Replayed {
 				err = errors.New("do: fresh key replayed")
@@ -236,7 +236,7 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 			return err
 		}},
 		{"separate_tx", func(ctx context.Context) error {
-			scope, key := scopes[rand.IntN(tenants)], newKey()
+			scope, key := scopes[rand.IntN(tenants)], newKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
 			c, err := s.Claim(ctx, scope, key, fingerprint)
 			if err != nil {
 				return err
@@ -252,7 +252,7 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 			})
 		}},
 		{"leased", func(ctx context.Context) error {
-			scope, key := scopes[rand.IntN(tenants)], newKey()
+			scope, key := scopes[rand.IntN(tenants)], newKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
 			l, err := s.Acquire(ctx, scope, key, fingerprint)
 			if err != nil {
 				return err
@@ -283,7 +283,7 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 			k := seeded()
 			_, err := rs.Claim(ctx, k.scope, k.key, otherFingerprint)
 			if !errors.Is(err, idem.ErrFingerprint) {
-				return fmt.Errorf("mismatch: want ErrFingerprint, got %v", err)
+				return fmt.Errorf("mismatch: want ErrFingerprint, got %v", err) //nolint:errorlint // err may be nil (%w would print %!w(<nil>)); it is only reported
 			}
 			return nil
 		}},

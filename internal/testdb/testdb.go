@@ -67,7 +67,8 @@ func MySQLDSN(t testing.TB, addrOf func(dsn string) (string, error)) string {
 
 func requireReachable(t testing.TB, what, env, addr string) {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	d := net.Dialer{Timeout: 2 * time.Second}
+	conn, err := d.DialContext(t.Context(), "tcp", addr)
 	if err == nil {
 		_ = conn.Close()
 		return
