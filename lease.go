@@ -20,7 +20,14 @@ import (
 // the idempotency key itself, passed on to the provider). A check that
 // cannot tell must answer unknown; an error or a panic counts as unknown.
 // The check runs with Config.StatusCheckTimeout and must be safe for
-// concurrent use; idem never runs it twice at once for one record.
+// concurrent use. idem reserves the record for twice that timeout before
+// calling it, so no second check of the record starts while a check that
+// honours its context runs; an answer that comes after the context's
+// deadline is discarded (counted as unknown).
+//
+// Inside a caller's transaction ([Store.ClaimTx]) the check does not run:
+// the claimer gets [ErrInProgress], and a pool-level claim, [Store.Acquire],
+// [Store.Do] or the [Reaper] settles the record.
 type StatusCheck func(ctx context.Context, rec Record) (Verdict, error)
 
 // VerdictKind is what a [StatusCheck] found. The zero value is
@@ -73,6 +80,11 @@ func NotCommitted() Verdict { return Verdict{Kind: VerdictNotCommitted} }
 // Unknown is the verdict of a check that cannot tell yet.
 func Unknown() Verdict { return Verdict{} }
 
+// errStaleLease marks the in-progress answer of a claim, inside a caller's
+// transaction, that met a record whose lease ran out and that only a
+// status check on the pool can settle.
+var errStaleLease = errors.New("idem: the key's lease ran out; its status check runs outside the caller's transaction")
+
 // Resolution outcomes of a stale record, for logs and the reaper's report.
 const (
 	resolvedCommitted    = "finalised"
@@ -112,6 +124,10 @@ func (s *Store[TTx]) runCheck(ctx context.Context, rec *Record) (v Verdict, err 
 	}()
 	v, err = s.cfg.StatusCheck(cctx, *rec)
 	switch {
+	case cctx.Err() != nil && ctx.Err() == nil:
+		// An answer after the deadline is discarded: the reservation may
+		// have run out meanwhile and another caller may be checking now.
+		return Verdict{}, fmt.Errorf("idem: status check overran its %s timeout", s.cfg.StatusCheckTimeout)
 	case err != nil:
 		return Verdict{}, fmt.Errorf("idem: status check: %w", err)
 	case v.Kind == VerdictCommitted && v.Response == nil:
@@ -186,7 +202,14 @@ func (s *Store[TTx]) logResolution(ctx context.Context, keyDigest, outcome strin
 
 // claimStale handles a claim that met a processing record whose lease ran
 // out, with the claimer's fingerprint already matched.
-func (s *Store[TTx]) claimStale(ctx context.Context, exec Executor, rec *Record, now time.Time, kd string) (*Claim, error) {
+//
+// Inside a caller's transaction (inTx) the status check does not run: its
+// verdict would live and die with that transaction, and the transaction
+// would hold its locks (on SQLite, the whole database) for the whole check.
+// The claimer gets an *InProgressError (with errStaleLease as its Cause,
+// which [Store.Do] recognises and resolves on the pool); a pool-level claim,
+// [Store.Acquire] or the [Reaper] settles the record.
+func (s *Store[TTx]) claimStale(ctx context.Context, exec Executor, inTx bool, rec *Record, now time.Time, kd string) (*Claim, error) {
 	takeOver := func(fromToken int64, cond TakeoverCondition) (*Claim, error) {
 		newTok := max(newToken(), fromToken+1)
 		err := exec.Takeover(ctx, &TakeoverParams{
@@ -202,6 +225,8 @@ func (s *Store[TTx]) claimStale(ctx context.Context, exec Executor, rec *Record,
 			LeaseExpiresAt: now.Add(s.cfg.LeaseDuration)}, nil
 	}
 	switch {
+	case s.cfg.StatusCheck != nil && inTx:
+		return nil, &InProgressError{KeyDigest: kd, RetryAfter: time.Second, Cause: errStaleLease}
 	case s.cfg.StatusCheck != nil:
 		tok, err := s.reserveStale(ctx, exec, rec)
 		if err != nil {
@@ -372,14 +397,20 @@ func (l *Lease[TTx]) Extend(ctx context.Context, d time.Duration) error {
 }
 
 // KeepAlive renews the lease in the background every third of
-// Config.LeaseDuration, so work longer than one lease keeps it. Run the work
-// with the returned context: it is cancelled when a renewal fails, with the
-// renewal's error as its cause ([context.Cause]; [ErrFenced] when the lease
-// was lost), so the work stops instead of racing a new holder.
+// Config.LeaseDuration, so work longer than one lease keeps it. Run the
+// outside work with the returned context: it is cancelled when the lease is
+// lost ([ErrFenced] as its [context.Cause]) or when renewals keep failing
+// until the lease would run out (the last error as cause), so the work stops
+// instead of racing a new holder. A failed renewal with time left on the
+// lease is retried at the next tick.
 //
-// stop ends the renewals, waits for the background goroutine to exit and
-// returns nil, or the renewal error that ended them early. Renewals also end
-// when ctx ends. Call stop before completing the lease.
+// stop ends the renewals (cancelling one in flight), waits for the
+// background goroutine to exit and returns nil, or the error that ended the
+// renewals early. Renewals also end when ctx ends. Call stop when the
+// outside work is done and before beginning the business transaction that
+// completes the lease; begin that transaction with ctx, not with workCtx,
+// which stop cancels. (On SQLite a renewal would wait for the write lock the
+// business transaction holds.)
 func (l *Lease[TTx]) KeepAlive(ctx context.Context) (workCtx context.Context, stop func() error) {
 	workCtx, cancel := context.WithCancelCause(ctx)
 	interval := max(l.store.cfg.LeaseDuration/3, time.Millisecond)
@@ -390,6 +421,8 @@ func (l *Lease[TTx]) KeepAlive(ctx context.Context) (workCtx context.Context, st
 		defer close(done)
 		t := time.NewTicker(interval)
 		defer t.Stop()
+		// The local estimate of when the lease runs out unless renewed.
+		deadline := time.Now().Add(l.store.cfg.LeaseDuration)
 		for {
 			select {
 			case <-quit:
@@ -397,14 +430,21 @@ func (l *Lease[TTx]) KeepAlive(ctx context.Context) (workCtx context.Context, st
 			case <-workCtx.Done():
 				return
 			case <-t.C:
-				if err := l.Renew(workCtx); err != nil {
-					if workCtx.Err() != nil {
-						return // ended by ctx or stop, not a renewal failure
-					}
-					failure = err
-					cancel(err)
-					return
+				tried := time.Now()
+				err := l.Renew(workCtx)
+				if workCtx.Err() != nil {
+					return // ended by ctx or stop, not a renewal failure
 				}
+				if err == nil {
+					deadline = tried.Add(l.store.cfg.LeaseDuration)
+					continue
+				}
+				if !errors.Is(err, ErrFenced) && time.Now().Add(interval).Before(deadline) {
+					continue // a blip (lock wait, connection): the lease still holds
+				}
+				failure = err
+				cancel(err)
+				return
 			}
 		}
 	}()
@@ -412,8 +452,8 @@ func (l *Lease[TTx]) KeepAlive(ctx context.Context) (workCtx context.Context, st
 	return workCtx, func() error {
 		once.Do(func() {
 			close(quit)
+			cancel(context.Canceled) // first, so a renewal in flight cannot hold stop up
 			<-done
-			cancel(context.Canceled)
 		})
 		return failure
 	}

@@ -175,7 +175,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		}
 		outcome, err := r.resolve(ctx, exec, rec, now)
 		switch {
-		case errors.Is(err, ErrFenced):
+		case err == nil && outcome == "":
 			// Another reaper or a claimer took the record first: theirs now.
 		case err != nil:
 			fail(fmt.Errorf("idem: reaper resolve key %s: %w", digest.Key(rec.Scope, rec.Key), err))
@@ -199,11 +199,18 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 
 // resolve settles one stale record: through the status check, blindly, or
 // not at all. Handing over deletes the record, so the next retry acquires.
+// It returns an empty outcome and no error when another reaper or a claimer
+// got to the record first; a verdict fenced after this reaper reserved the
+// record is an error.
 func (r *Reaper[TTx]) resolve(ctx context.Context, exec Executor, rec *Record, now time.Time) (string, error) {
 	s := r.store
+	takenElsewhere := func(err error) bool { return errors.Is(err, ErrFenced) || errors.Is(err, ErrInProgress) }
 	switch {
 	case s.cfg.StatusCheck != nil:
 		tok, err := s.reserveStale(ctx, exec, rec)
+		if takenElsewhere(err) {
+			return "", nil
+		}
 		if err != nil {
 			return "", err
 		}
@@ -214,6 +221,9 @@ func (r *Reaper[TTx]) resolve(ctx context.Context, exec Executor, rec *Record, n
 	case s.cfg.BlindTakeover:
 		// Only while the lease is still out: a holder that renewed keeps its key.
 		err := exec.Release(ctx, &ReleaseParams{Scope: rec.Scope, Key: rec.Key, Token: rec.Token, OnlyIfLeaseExpired: true, Now: s.now()})
+		if takenElsewhere(err) {
+			return "", nil
+		}
 		if err != nil {
 			return "", err
 		}

@@ -263,7 +263,7 @@ func (s *Store[TTx]) Claim(ctx context.Context, scope, key string, fp Fingerprin
 	// (possible on MySQL when claimers of one key pile up) lost nothing but
 	// that statement: trying again is safe, unlike inside a caller's tx.
 	for try := 0; ; try++ {
-		c, err := s.claim(ctx, s.dialect.DB(), scope, key, fp)
+		c, err := s.claim(ctx, s.dialect.DB(), false, scope, key, fp)
 		if err == nil || !errors.Is(err, ErrRetryable) || try >= s.cfg.MaxTxRetries || ctx.Err() != nil {
 			return c, err
 		}
@@ -289,10 +289,12 @@ func (s *Store[TTx]) Claim(ctx context.Context, scope, key string, fp Fingerprin
 // with TxAborted false or [ErrFingerprint]; on PostgreSQL every database
 // error aborts the transaction.
 func (s *Store[TTx]) ClaimTx(ctx context.Context, tx TTx, scope, key string, fp Fingerprint) (*Claim, error) {
-	return s.claim(ctx, s.dialect.Tx(tx), scope, key, fp)
+	return s.claim(ctx, s.dialect.Tx(tx), true, scope, key, fp)
 }
 
-func (s *Store[TTx]) claim(ctx context.Context, exec Executor, scope, key string, fp Fingerprint) (*Claim, error) {
+// claim runs the decision table on exec; inTx tells that exec is a caller's
+// transaction, where a stale lease's status check must not run.
+func (s *Store[TTx]) claim(ctx context.Context, exec Executor, inTx bool, scope, key string, fp Fingerprint) (*Claim, error) {
 	if err := validate(scope, key); err != nil {
 		return nil, err
 	}
@@ -370,7 +372,7 @@ func (s *Store[TTx]) claim(ctx context.Context, exec Executor, scope, key string
 			s.logOutcome(ctx, kd, "in_progress")
 			return nil, &InProgressError{KeyDigest: kd, RetryAfter: rec.LeaseExpiresAt.Sub(res.Now)}
 		}
-		c, err := s.claimStale(ctx, exec, rec, res.Now, kd)
+		c, err := s.claimStale(ctx, exec, inTx, rec, res.Now, kd)
 		if errors.Is(err, ErrFenced) {
 			continue // another claimer, a reaper or a renewal got to the record first
 		}
@@ -539,6 +541,14 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 		}
 	}()
 	c, err := s.ClaimTx(ctx, tx, scope, key, fp)
+	if errors.Is(err, errStaleLease) {
+		// A crashed leased holder's record: the status check must not run
+		// inside this transaction (its verdict would roll back with it, and
+		// it would hold locks for the whole check). Resolve on the pool.
+		done = true
+		_ = s.dialect.Rollback(context.WithoutCancel(ctx), tx)
+		return s.doStale(ctx, scope, key, fp, fn)
+	}
 	if inProgress, ok := errors.AsType[*InProgressError](err); ok && inProgress.TxAborted {
 		// Do rolls its own transaction back: nothing is left for the caller to do.
 		out := *inProgress
@@ -551,6 +561,21 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 	if !c.Acquired() {
 		return &Result{Response: c.Replay.Response, Replayed: true, Status: c.Replay.Status}, nil
 	}
+	res, err := s.runAndComplete(ctx, tx, c, fn)
+	if err != nil {
+		return nil, err
+	}
+	done = true
+	if err := s.dialect.Commit(ctx, tx); err != nil {
+		return nil, fmt.Errorf("idem: commit key %s: %w", digest.Key(scope, key), err)
+	}
+	return res, nil
+}
+
+// runAndComplete runs fn in tx and completes c in tx with its response,
+// as a final failure for a [FinalFailure] error. It neither commits nor
+// rolls back.
+func (s *Store[TTx]) runAndComplete(ctx context.Context, tx TTx, c *Claim, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
 	resp, err := fn(ctx, tx)
 	status := StatusSucceeded
 	if final, ok := errors.AsType[*FinalFailureError](err); ok {
@@ -565,11 +590,46 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 	if err := s.complete(ctx, s.dialect.Tx(tx), c, status, resp); err != nil {
 		return nil, err
 	}
+	return &Result{Response: resp, Status: status}, nil
+}
+
+// doStale finishes a Do whose key holds a stale lease: a pool-level claim
+// resolves it through the status check, committing the verdict; if the key
+// is handed over to this call, fn runs in a transaction of its own and the
+// committed claim is completed there, fenced by its token, or released when
+// fn fails (its writes rolled back, so the key is free again).
+func (s *Store[TTx]) doStale(ctx context.Context, scope, key string, fp Fingerprint, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
+	c, err := s.Claim(ctx, scope, key, fp)
+	if err != nil {
+		return nil, err
+	}
+	if !c.Acquired() {
+		return &Result{Response: c.Replay.Response, Replayed: true, Status: c.Replay.Status}, nil
+	}
+	tx, err := s.dialect.Begin(ctx)
+	if err != nil {
+		_ = s.Release(context.WithoutCancel(ctx), c)
+		return nil, fmt.Errorf("idem: begin: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			// Runs during panics too: the writes roll back, the key is freed.
+			_ = s.dialect.Rollback(context.WithoutCancel(ctx), tx)
+			_ = s.Release(context.WithoutCancel(ctx), c)
+		}
+	}()
+	res, err := s.runAndComplete(ctx, tx, c, fn)
+	if err != nil {
+		return nil, err
+	}
 	done = true
 	if err := s.dialect.Commit(ctx, tx); err != nil {
+		// The claim stays committed and processing: after its lease the
+		// status check settles whether this commit happened.
 		return nil, fmt.Errorf("idem: commit key %s: %w", digest.Key(scope, key), err)
 	}
-	return &Result{Response: resp, Status: status}, nil
+	return res, nil
 }
 
 func (s *Store[TTx]) now() *time.Time {

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -257,4 +258,183 @@ func testDoInProgressLeavesNothingToRollBack[TTx any](t *testing.T, h Harness[TT
 	require.ErrorAs(t, err, &ip)
 	require.False(t, ip.TxAborted)
 	require.Zero(t, calls.get())
+}
+
+// staleCases cover a stale lease met inside a caller's transaction, where
+// the status check must not run (its verdict would roll back with the
+// transaction), and Do, which settles it on the pool instead.
+func staleCases[TTx any]() []testCase[TTx] {
+	return []testCase[TTx]{
+		{name: "ClaimTxLeavesStaleLeaseToThePool", run: testClaimTxLeavesStaleLeaseToThePool[TTx]},
+		{name: "DoKeepsRecoveredResponse", run: testDoKeepsRecoveredResponse[TTx]},
+		{name: "DoRunsHandedOverKeyOnce", run: testDoRunsHandedOverKeyOnce[TTx]},
+		{name: "DoUnknownKeepsLeasePushedOut", run: testDoUnknownKeepsLeasePushedOut[TTx]},
+		{name: "ReaperReportsFencedVerdict", run: testReaperReportsFencedVerdict[TTx]},
+	}
+}
+
+func testClaimTxLeavesStaleLeaseToThePool[TTx any](t *testing.T, h Harness[TTx]) {
+	p := newProvider()
+	ctx, b, clk := leaseSetup(t, h, p.check)
+	key := newKey("claimtx-stale")
+	_, err := b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	p.charge(key)
+	clk.advance(31 * time.Second)
+
+	tx := b.begin(ctx, t)
+	_, err = b.store.ClaimTx(ctx, tx, "t1/pay", key, fp("x"))
+	var ip *idem.InProgressError
+	require.ErrorAs(t, err, &ip)
+	require.Positive(t, ip.RetryAfter)
+	require.Zero(t, p.checked(), "the status check must not run inside a caller's transaction")
+	require.NoError(t, b.ns.Dialect.Rollback(ctx, tx))
+
+	// A pool-level claim settles it.
+	c, err := b.store.Claim(ctx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	require.False(t, c.Acquired())
+	requireSameResponse(t, chargedResponse(key), c.Replay.Response)
+}
+
+// testDoKeepsRecoveredResponse: a leased holder crashed after charging; the
+// retry comes through Do. The check says committed, Do replays the recovered
+// response, and the finalisation sticks.
+func testDoKeepsRecoveredResponse[TTx any](t *testing.T, h Harness[TTx]) {
+	p := newProvider()
+	ctx, b, clk := leaseSetup(t, h, p.check)
+	key := newKey("do-recover")
+	_, err := b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	p.charge(key) // ... and dies
+	clk.advance(31 * time.Second)
+
+	var calls counter
+	res, err := b.store.Do(ctx, "t1/pay", key, fp("x"), orderFn(b.ns, key, &calls))
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	requireSameResponse(t, chargedResponse(key), res.Response)
+	require.Zero(t, calls.get())
+	require.Equal(t, 1, p.checked())
+
+	rec, err := b.store.Get(ctx, "t1/pay", key)
+	require.NoError(t, err)
+	require.Equal(t, idem.StatusSucceeded, rec.Status, "Do replayed a recovered response but did not keep it")
+	again, err := b.store.Do(ctx, "t1/pay", key, fp("x"), orderFn(b.ns, key, &calls))
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	require.Equal(t, 1, p.checked(), "a kept recovery needs no second check")
+}
+
+// testDoRunsHandedOverKeyOnce: the crashed holder never charged; Do takes
+// the key over as attempt 2, runs once, and a callback failure frees it.
+func testDoRunsHandedOverKeyOnce[TTx any](t *testing.T, h Harness[TTx]) {
+	p := newProvider()
+	ctx, b, clk := leaseSetup(t, h, p.check)
+	key := newKey("do-handover")
+	dead, err := b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	clk.advance(31 * time.Second)
+
+	boom := errors.New("declined")
+	_, err = b.store.Do(ctx, "t1/pay", key, fp("x"), func(ctx context.Context, tx TTx) (*idem.Response, error) {
+		if err := b.ns.InsertOrder(ctx, tx, key); err != nil {
+			return nil, err
+		}
+		return nil, boom
+	})
+	require.ErrorIs(t, err, boom)
+	require.Zero(t, b.orders(ctx, t, key))
+	_, err = b.store.Get(ctx, "t1/pay", key)
+	require.ErrorIs(t, err, idem.ErrNotFound, "a failed callback must free the handed-over key")
+
+	var calls counter
+	res, err := b.store.Do(ctx, "t1/pay", key, fp("x"), orderFn(b.ns, key, &calls))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, 1, calls.get())
+	require.Equal(t, 1, b.orders(ctx, t, key))
+	require.ErrorIs(t, dead.Complete(ctx, chargedResponse("zombie")), idem.ErrFenced)
+
+	// Handed over and completed in one Do.
+	k2 := newKey("do-handover-ok")
+	_, err = b.store.Acquire(ctx, "t1/pay", k2, fp("x"))
+	require.NoError(t, err)
+	clk.advance(31 * time.Second)
+	res, err = b.store.Do(ctx, "t1/pay", k2, fp("x"), orderFn(b.ns, k2, &calls))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	rec, err := b.store.Get(ctx, "t1/pay", k2)
+	require.NoError(t, err)
+	require.Equal(t, idem.StatusSucceeded, rec.Status)
+	require.Equal(t, 2, rec.Attempt)
+	require.Equal(t, 1, b.orders(ctx, t, k2))
+}
+
+// testDoUnknownKeepsLeasePushedOut: an unknown verdict reached through Do
+// pushes the lease out for real, so the next retry does not ask at once.
+func testDoUnknownKeepsLeasePushedOut[TTx any](t *testing.T, h Harness[TTx]) {
+	var checks counter
+	check := func(context.Context, idem.Record) (idem.Verdict, error) {
+		checks.inc()
+		return idem.Unknown(), nil
+	}
+	ctx, b, clk := leaseSetup(t, h, check)
+	key := newKey("do-unknown")
+	_, err := b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	clk.advance(31 * time.Second)
+
+	var calls counter
+	_, err = b.store.Do(ctx, "t1/pay", key, fp("x"), orderFn(b.ns, key, &calls))
+	var ip *idem.InProgressError
+	require.ErrorAs(t, err, &ip)
+	rec, err := b.store.Get(ctx, "t1/pay", key)
+	require.NoError(t, err)
+	require.True(t, rec.LeaseExpiresAt.Sub(clk.Now()) >= ip.RetryAfter, "the RetryAfter promised a lease that does not exist")
+
+	_, err = b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	require.ErrorIs(t, err, idem.ErrInProgress)
+	require.Equal(t, 1, checks.get())
+	require.Zero(t, calls.get())
+}
+
+// testReaperReportsFencedVerdict: the reaper's check overruns its timeout,
+// a claimer settles the record meanwhile, and the reaper's late verdict is
+// discarded and fenced: its report must say so.
+func testReaperReportsFencedVerdict[TTx any](t *testing.T, h Harness[TTx]) {
+	var first sync.Once
+	check := func(ctx context.Context, rec idem.Record) (idem.Verdict, error) {
+		slow := false
+		first.Do(func() { slow = true })
+		if slow {
+			time.Sleep(400 * time.Millisecond) // ignores its context
+		}
+		return idem.Committed(chargedResponse(rec.Key)), nil
+	}
+	ctx, b := setup(t, h, &idem.Config{LeaseDuration: 50 * time.Millisecond, StatusCheckTimeout: 100 * time.Millisecond, StatusCheck: check})
+	key := newKey("reaper-fenced")
+	_, err := b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond)
+	r, err := idem.NewReaper(b.store, nil)
+	require.NoError(t, err)
+	done := make(chan idem.ReapReport, 1)
+	go func() { rep, _ := r.RunOnce(ctx); done <- rep }()
+	time.Sleep(200 * time.Millisecond) // the reaper's check is running
+	// Until the reaper's reservation runs out the key is in progress; then
+	// this claimer reserves it, checks and replays.
+	c, err := b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	for deadline := time.Now().Add(5 * time.Second); errors.Is(err, idem.ErrInProgress) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		c, err = b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	}
+	require.NoError(t, err)
+	require.False(t, c.Acquired())
+	rep := <-done
+	require.Equal(t, 1, rep.Errors, "a verdict fenced after the reaper's reservation must be reported: %+v", rep)
+	require.Zero(t, rep.Finalised)
+	rec, err := b.store.Get(ctx, "t1/pay", key)
+	require.NoError(t, err)
+	require.Equal(t, idem.StatusSucceeded, rec.Status)
 }
