@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/codec"
+	"github.com/idemstore/idem/internal/failexec"
 )
 
 // Dialect runs idem's statements on MySQL or MariaDB through database/sql and
@@ -65,7 +66,7 @@ func (d *Dialect) DB() idem.Executor { return d.pool }
 // a nil tx, every method of the Executor fails.
 func (d *Dialect) Tx(tx *sql.Tx) idem.Executor {
 	if tx == nil {
-		return failedExecutor{err: errNilTx}
+		return failexec.Executor{Err: errNilTx}
 	}
 	return &executor{d: d, h: tx}
 }
@@ -620,36 +621,4 @@ func (t *dbTime) Scan(src any) error {
 	default:
 		return fmt.Errorf("idem: mysql: unexpected %T for a DATETIME value", src)
 	}
-}
-
-// failedExecutor answers every call with err; [Dialect.Tx] returns it for a
-// nil transaction.
-type failedExecutor struct{ err error }
-
-var _ idem.Executor = failedExecutor{}
-
-func (f failedExecutor) Claim(context.Context, *idem.ClaimParams) (*idem.ClaimResult, error) {
-	return nil, f.err
-}
-
-func (f failedExecutor) Takeover(context.Context, *idem.TakeoverParams) error { return f.err }
-
-func (f failedExecutor) Get(context.Context, *idem.GetParams) (*idem.Record, error) {
-	return nil, f.err
-}
-
-func (f failedExecutor) Complete(context.Context, *idem.CompleteParams) error { return f.err }
-
-func (f failedExecutor) Release(context.Context, *idem.ReleaseParams) error { return f.err }
-
-func (f failedExecutor) RenewLease(context.Context, *idem.RenewLeaseParams) (time.Time, error) {
-	return time.Time{}, f.err
-}
-
-func (f failedExecutor) ListStaleLeases(context.Context, *idem.ListStaleLeasesParams) ([]*idem.Record, time.Time, error) {
-	return nil, time.Time{}, f.err
-}
-
-func (f failedExecutor) DeleteExpired(context.Context, *idem.DeleteExpiredParams) (int, error) {
-	return 0, f.err
 }

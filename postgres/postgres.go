@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/codec"
+	"github.com/idemstore/idem/internal/failexec"
 )
 
 // Dialect is the PostgreSQL dialect over a pgx connection pool. Create it
@@ -44,7 +45,7 @@ var errNilTx = errors.New("idem: postgres: nil pgx.Tx")
 // tx. For a nil tx, every call of the Executor fails.
 func (d *Dialect) Tx(tx pgx.Tx) idem.Executor {
 	if tx == nil {
-		return failedExecutor{err: errNilTx}
+		return failexec.Executor{Err: errNilTx}
 	}
 	return &executor{db: tx, inTx: true}
 }
@@ -446,35 +447,4 @@ func lockTimeout(d time.Duration) string {
 	ms := (d + time.Millisecond - 1) / time.Millisecond
 	ms = min(max(ms, 1), math.MaxInt32)
 	return strconv.FormatInt(int64(ms), 10) + "ms"
-}
-
-// failedExecutor answers every call with err.
-type failedExecutor struct{ err error }
-
-var _ idem.Executor = failedExecutor{}
-
-func (f failedExecutor) Claim(context.Context, *idem.ClaimParams) (*idem.ClaimResult, error) {
-	return nil, f.err
-}
-
-func (f failedExecutor) Takeover(context.Context, *idem.TakeoverParams) error { return f.err }
-
-func (f failedExecutor) Get(context.Context, *idem.GetParams) (*idem.Record, error) {
-	return nil, f.err
-}
-
-func (f failedExecutor) Complete(context.Context, *idem.CompleteParams) error { return f.err }
-
-func (f failedExecutor) Release(context.Context, *idem.ReleaseParams) error { return f.err }
-
-func (f failedExecutor) RenewLease(context.Context, *idem.RenewLeaseParams) (time.Time, error) {
-	return time.Time{}, f.err
-}
-
-func (f failedExecutor) ListStaleLeases(context.Context, *idem.ListStaleLeasesParams) ([]*idem.Record, time.Time, error) {
-	return nil, time.Time{}, f.err
-}
-
-func (f failedExecutor) DeleteExpired(context.Context, *idem.DeleteExpiredParams) (int, error) {
-	return 0, f.err
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/codec"
+	"github.com/idemstore/idem/internal/failexec"
 )
 
 // dbtx is what the executor needs from a handle: satisfied by the pool, a
@@ -66,7 +67,7 @@ func (d *Dialect) DB() idem.Executor { return d.pool }
 // [Open]); then it holds the database's write lock and Claim never waits.
 func (d *Dialect) Tx(tx *sql.Tx) idem.Executor {
 	if tx == nil {
-		return failedExecutor{err: errNilTx}
+		return failexec.Executor{Err: errNilTx}
 	}
 	return &executor{h: tx}
 }
@@ -580,32 +581,3 @@ func clock(pinned *time.Time) time.Time {
 func micros(t time.Time) int64 { return t.UnixMicro() }
 
 func fromMicros(us int64) time.Time { return time.UnixMicro(us).UTC() }
-
-// failedExecutor answers every call with err.
-type failedExecutor struct{ err error }
-
-func (f failedExecutor) Claim(context.Context, *idem.ClaimParams) (*idem.ClaimResult, error) {
-	return nil, f.err
-}
-
-func (f failedExecutor) Takeover(context.Context, *idem.TakeoverParams) error { return f.err }
-
-func (f failedExecutor) Get(context.Context, *idem.GetParams) (*idem.Record, error) {
-	return nil, f.err
-}
-
-func (f failedExecutor) Complete(context.Context, *idem.CompleteParams) error { return f.err }
-
-func (f failedExecutor) Release(context.Context, *idem.ReleaseParams) error { return f.err }
-
-func (f failedExecutor) RenewLease(context.Context, *idem.RenewLeaseParams) (time.Time, error) {
-	return time.Time{}, f.err
-}
-
-func (f failedExecutor) ListStaleLeases(context.Context, *idem.ListStaleLeasesParams) ([]*idem.Record, time.Time, error) {
-	return nil, time.Time{}, f.err
-}
-
-func (f failedExecutor) DeleteExpired(context.Context, *idem.DeleteExpiredParams) (int, error) {
-	return 0, f.err
-}
