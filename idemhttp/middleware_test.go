@@ -633,7 +633,11 @@ func testClientDisconnectStillCommits[TTx any](t *testing.T, h harness[TTx]) {
 		t.Fatal("the handler did not finish")
 	}
 	require.False(t, cancelled.Load(), "the handler's context outlives the client")
-	require.Eventually(t, func() bool { return b.records(t) == 1 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		// No require in here: the condition runs in a goroutine that may outlive the test.
+		n, err := b.ns.countRecords(context.WithoutCancel(t.Context()))
+		return err == nil && n == 1
+	}, 5*time.Second, 10*time.Millisecond)
 	r := b.post(t, key, orderBody)
 	require.Equal(t, http.StatusCreated, r.status)
 	require.True(t, r.replayed(), "the retry gets the committed result")
