@@ -56,13 +56,18 @@ var (
 )
 
 // InProgressError reports a key that another holder owns: an uncommitted
-// claim that did not finish within Config.WaitTimeout, or a committed
-// processing record whose lease has not expired.
+// claim that did not finish within Config.WaitTimeout, a committed
+// processing record whose lease has not expired, or one whose lease ran out
+// and that the status check has not settled yet.
 type InProgressError struct {
 	// KeyDigest is a short digest of the scope and key, safe to log.
 	KeyDigest string
 	// RetryAfter is the time left on the holder's lease, or Config.WaitTimeout
-	// when the holder's transaction has not committed. Never negative.
+	// when the holder's transaction has not committed. For a lease that ran
+	// out and is not settled yet it is the pushed-out lease after an unknown
+	// verdict, Config.LeaseDuration without a StatusCheck, or 1s for a claim
+	// inside a caller's transaction (the check runs on the pool). Never
+	// negative.
 	RetryAfter time.Duration
 	// TxAborted is true when the database aborted the caller's transaction
 	// while waiting (PostgreSQL, where a lock timeout aborts the transaction;

@@ -3,7 +3,8 @@
 //
 // The files live in postgres/, mysql/ and sqlite/ with the same version
 // numbers in every directory. They work unchanged from the goose command line
-// (goose -dir migrations/postgres postgres "$DSN" up) and can be copied into
+// (goose -dir migrations/postgres -table idem_goose_db_version postgres "$DSN"
+// up) and can be copied into
 // an application's own migration set; see docs/migrations.md.
 //
 // idem never creates tables at run time: call the dialect's Migrate helper

@@ -57,8 +57,9 @@ func New(db *sql.DB) *Dialect {
 // Name returns "mysql", for MariaDB too.
 func (d *Dialect) Name() string { return "mysql" }
 
-// DB returns an Executor whose statements each run on the pool in autocommit
-// mode.
+// DB returns an Executor whose statements run on the pool in autocommit
+// mode, except Claim, Takeover and RenewLease, which run in a short
+// transaction of their own so that a cancelled wait commits nothing.
 func (d *Dialect) DB() idem.Executor { return d.pool }
 
 // Tx returns an Executor that runs inside tx. It never commits or rolls back

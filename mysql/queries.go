@@ -251,7 +251,7 @@ STRAIGHT_JOIN idempotency_keys AS k
 
 // Migration lock. GET_LOCK names are server-wide, so concurrent Migrate
 // calls against any database on the server take turns; each holds the lock
-// for one short DDL statement per pending migration.
+// for the whole of goose's Up.
 //
 // Arguments of getMigrateLock: lock name, timeout in seconds. Of
 // releaseMigrateLock: lock name.
