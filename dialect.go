@@ -33,6 +33,37 @@ type Dialect[TTx any] interface {
 	Rollback(ctx context.Context, tx TTx) error
 }
 
+// TxPipeliner is implemented, optionally, by a [Dialect] whose driver can
+// send several statements in one round trip (package postgres, with pgx
+// batches). [Store.Do], which owns its transaction, detects it by a type
+// assertion on the Dialect and then saves two round trips: BEGIN travels with
+// the claim, the completion with COMMIT. Every decision stays with the
+// Store, which treats the results exactly as those of [Executor.Claim] and
+// [Executor.Complete].
+type TxPipeliner[TTx any] interface {
+	// BeginClaim begins a transaction as Dialect.Begin does and runs
+	// Executor.Claim(p) in it, in one round trip, with the semantics and
+	// errors of Claim inside a caller's transaction (so an *InProgressError
+	// has TxAborted set when the wait timeout aborted the transaction).
+	//
+	// It always returns a value that Dialect.Rollback accepts, even with an
+	// error: when the transaction was begun it is returned, still open
+	// (possibly aborted), and the caller must roll it back, or, after
+	// [ErrNotFound], may go on using it through Dialect.Tx as after Claim;
+	// when it could not be begun, a transaction already closed whose
+	// Rollback is harmless.
+	BeginClaim(ctx context.Context, p *ClaimParams) (TTx, *ClaimResult, error)
+
+	// CompleteCommit runs Executor.Complete(p) in tx and commits tx, in one
+	// round trip. When the completion matches no row it returns
+	// [ErrFenced] and commits nothing: the whole transaction, the caller's
+	// writes included, is rolled back. Other errors are those of Complete
+	// and Dialect.Commit (a lost connection during COMMIT leaves its
+	// outcome unknown, as with Commit). After any error tx is finished or
+	// must be rolled back; Dialect.Rollback on it is always safe.
+	CompleteCommit(ctx context.Context, tx TTx, p *CompleteParams) error
+}
+
 // Executor runs the store's statements against one connection pool or one
 // transaction. Each method is one atomic step of the state machine; the
 // [Store] owns validation and every decision, the Executor owns SQL, scanning

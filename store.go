@@ -295,13 +295,24 @@ func (s *Store[TTx]) ClaimTx(ctx context.Context, tx TTx, scope, key string, fp 
 // claim runs the decision table on exec; inTx tells that exec is a caller's
 // transaction, where a stale lease's status check must not run.
 func (s *Store[TTx]) claim(ctx context.Context, exec Executor, inTx bool, scope, key string, fp Fingerprint) (*Claim, error) {
+	return s.claimFrom(ctx, exec, inTx, scope, key, fp, nil)
+}
+
+// claimFrom is claim whose first Claim, when first is not nil, is made by
+// first instead of exec.Claim: first returns the claim's result and the
+// Executor every later statement runs on (a pipelined BeginClaim returns
+// the transaction it began). exec may then be nil. Every result goes
+// through the same decision table.
+func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, scope, key string, fp Fingerprint,
+	first func(p *ClaimParams) (Executor, *ClaimResult, error),
+) (*Claim, error) {
 	if err := validate(scope, key); err != nil {
 		return nil, err
 	}
 	kd := digest.Key(scope, key)
-	for range maxClaimRounds {
+	for round := range maxClaimRounds {
 		token := newToken()
-		res, err := exec.Claim(ctx, &ClaimParams{
+		p := &ClaimParams{
 			Scope:         scope,
 			Key:           key,
 			Fingerprint:   fp,
@@ -310,7 +321,16 @@ func (s *Store[TTx]) claim(ctx context.Context, exec Executor, inTx bool, scope,
 			Retention:     s.cfg.Retention,
 			WaitTimeout:   s.cfg.WaitTimeout,
 			Now:           s.now(),
-		})
+		}
+		var (
+			res *ClaimResult
+			err error
+		)
+		if round == 0 && first != nil {
+			exec, res, err = first(p)
+		} else {
+			res, err = exec.Claim(ctx, p)
+		}
 		if errors.Is(err, ErrNotFound) {
 			continue // the conflicting record vanished before we read it
 		}
@@ -442,6 +462,32 @@ func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, stat
 	return nil
 }
 
+// completeCommit is complete followed by the commit of tx, both through
+// pipe.CompleteCommit in one round trip.
+func (s *Store[TTx]) completeCommit(ctx context.Context, pipe TxPipeliner[TTx], tx TTx, c *Claim, status Status, resp *Response) error {
+	if err := validateClaim(c); err != nil {
+		return err
+	}
+	if resp == nil {
+		return errors.New("idem: complete: nil response")
+	}
+	kd := digest.Key(c.Scope, c.Key)
+	err := pipe.CompleteCommit(ctx, tx, &CompleteParams{
+		Scope:     c.Scope,
+		Key:       c.Key,
+		Token:     c.Token,
+		Status:    status,
+		Response:  resp,
+		Retention: s.cfg.Retention,
+		Now:       s.now(),
+	})
+	if err != nil {
+		return fmt.Errorf("idem: complete and commit key %s: %w", kd, err)
+	}
+	s.logOutcome(ctx, kd, "completed_"+status.String())
+	return nil
+}
+
 // Release gives up the acquired claim c after a failure that is safe to
 // retry: the record is deleted, so the next claimer acquires at once. It
 // returns [ErrFenced] and changes nothing when c does not own the key.
@@ -508,6 +554,9 @@ func (s *Store[TTx]) get(ctx context.Context, exec Executor, scope, key string) 
 // final failure and committed.
 // An error from fn that matches [ErrRetryable] is retried like idem's own.
 // Other errors are those of [Store.Claim].
+//
+// On a dialect that implements [TxPipeliner] (postgres), BEGIN is sent with
+// the claim and the completion with COMMIT, saving two round trips.
 func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
 	if err := validate(scope, key); err != nil {
 		return nil, err
@@ -529,18 +578,40 @@ func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, 
 }
 
 func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerprint, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
-	tx, err := s.dialect.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("idem: begin: %w", err)
+	pipe, piped := s.dialect.(TxPipeliner[TTx])
+	var (
+		tx    TTx
+		err   error
+		began = !piped // with pipe, once BeginClaim was called
+	)
+	if !piped {
+		tx, err = s.dialect.Begin(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("idem: begin: %w", err)
+		}
 	}
 	done := false
 	defer func() {
-		if !done {
+		if !done && began {
 			// Roll back even when ctx is cancelled; runs during panics too.
+			// After a failed BeginClaim this is harmless (its contract).
 			_ = s.dialect.Rollback(context.WithoutCancel(ctx), tx)
 		}
 	}()
-	c, err := s.ClaimTx(ctx, tx, scope, key, fp)
+	var c *Claim
+	if piped {
+		// BEGIN and the first claim in one round trip; any later claim
+		// statement (a retry, a takeover) runs in the same transaction.
+		c, err = s.claimFrom(ctx, nil, true, scope, key, fp, func(p *ClaimParams) (Executor, *ClaimResult, error) {
+			var res *ClaimResult
+			var berr error
+			tx, res, berr = pipe.BeginClaim(ctx, p)
+			began = true
+			return s.dialect.Tx(tx), res, berr
+		})
+	} else {
+		c, err = s.ClaimTx(ctx, tx, scope, key, fp)
+	}
 	if errors.Is(err, errStaleLease) {
 		// A crashed leased holder's record: the status check must not run
 		// inside this transaction (its verdict would roll back with it, and
@@ -561,7 +632,18 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 	if !c.Acquired() {
 		return &Result{Response: c.Replay.Response, Replayed: true, Status: c.Replay.Status}, nil
 	}
-	res, err := s.runAndComplete(ctx, tx, c, fn)
+	if piped {
+		// The completion and COMMIT in one round trip. On an error nothing
+		// was committed (unless COMMIT's outcome is unknown, as with
+		// Commit) and the deferred Rollback is harmless.
+		res, err := s.runAndComplete(ctx, tx, c, fn, pipe)
+		if err != nil {
+			return nil, err
+		}
+		done = true
+		return res, nil
+	}
+	res, err := s.runAndComplete(ctx, tx, c, fn, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -573,9 +655,10 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 }
 
 // runAndComplete runs fn in tx and completes c in tx with its response,
-// as a final failure for a [FinalFailure] error. It neither commits nor
-// rolls back.
-func (s *Store[TTx]) runAndComplete(ctx context.Context, tx TTx, c *Claim, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
+// as a final failure for a [FinalFailure] error. With pipe nil it neither
+// commits nor rolls back; otherwise it completes and commits through
+// pipe.CompleteCommit.
+func (s *Store[TTx]) runAndComplete(ctx context.Context, tx TTx, c *Claim, fn func(ctx context.Context, tx TTx) (*Response, error), pipe TxPipeliner[TTx]) (*Result, error) {
 	resp, err := fn(ctx, tx)
 	status := StatusSucceeded
 	if final, ok := errors.AsType[*FinalFailureError](err); ok {
@@ -586,6 +669,12 @@ func (s *Store[TTx]) runAndComplete(ctx context.Context, tx TTx, c *Claim, fn fu
 	}
 	if resp == nil {
 		return nil, errors.New("idem: Do callback returned a nil response and no error")
+	}
+	if pipe != nil {
+		if err := s.completeCommit(ctx, pipe, tx, c, status, resp); err != nil {
+			return nil, err
+		}
+		return &Result{Response: resp, Status: status}, nil
 	}
 	if err := s.complete(ctx, s.dialect.Tx(tx), c, status, resp); err != nil {
 		return nil, err
@@ -619,7 +708,7 @@ func (s *Store[TTx]) doStale(ctx context.Context, scope, key string, fp Fingerpr
 			_ = s.Release(context.WithoutCancel(ctx), c)
 		}
 	}()
-	res, err := s.runAndComplete(ctx, tx, c, fn)
+	res, err := s.runAndComplete(ctx, tx, c, fn, nil)
 	if err != nil {
 		return nil, err
 	}

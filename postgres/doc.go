@@ -32,6 +32,12 @@
 // while it waits is then never committed, whereas a batch committed by the
 // server on its own would be, once the claim it waited for rolled back.
 //
+// [idem.Store.Do], which owns its transaction, sends BEGIN in the claim's
+// batch and the completion in one batch with COMMIT ([Dialect.BeginClaim],
+// [Dialect.CompleteCommit]): three round trips with the callback's one
+// statement, against five. Its callback's pgx.Tx is then one of this
+// package, bound to a connection of the pool until the transaction ends.
+//
 // An INSERT that meets an uncommitted claim of the same key waits for that
 // transaction; lock_timeout bounds the wait to Config.WaitTimeout (rounded
 // up to a whole millisecond). When it runs out, PostgreSQL aborts the

@@ -16,6 +16,7 @@ const (
 	codeSerializationFailure = "40001"
 	codeDeadlockDetected     = "40P01"
 	codeLockNotAvailable     = "55P03"
+	codeDivisionByZero       = "22012"
 	codeQueryCanceled        = "57014"
 	codeTooManyConnections   = "53300"
 	codeAdminShutdown        = "57P01"

@@ -110,34 +110,53 @@ var _ idem.Executor = (*executor)(nil)
 // Claim runs the claim batch: one round trip inside a caller's transaction,
 // two on the pool (see queries.go).
 func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimResult, error) {
+	b := &pgx.Batch{}
+	if !e.inTx {
+		b.BeginTx(pgx.TxOptions{})
+	}
+	claimBatch(b, p)
+
+	var cr claimReader
+	if err := e.sendBounded(ctx, b, p.WaitTimeout, cr.readInsert, cr.readRecord(ctx)); err != nil {
+		return nil, err
+	}
+	return cr.res, nil
+}
+
+// claimBatch queues the claim's statements on b, after what b already holds.
+func claimBatch(b *pgx.Batch, p *idem.ClaimParams) {
 	now := pinnedNow(p.Now)
-	b := e.boundedBatch(p.WaitTimeout, claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
+	queueBounded(b, p.WaitTimeout, claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
 		p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now)
 	b.Queue(claimRead, p.Scope, p.Key, now)
+}
 
-	created := true
-	var res *idem.ClaimResult
-	err := e.sendBounded(ctx, b, p.WaitTimeout, func(br pgx.BatchResults) error {
-		var token int64
-		err := br.QueryRow().Scan(&token)
-		if errors.Is(err, pgx.ErrNoRows) { // a record exists
-			created = false
-			return nil
-		}
-		return err
-	}, func(br pgx.BatchResults) error {
+// claimReader reads the results of the claim's insert and read.
+type claimReader struct {
+	notCreated bool
+	res        *idem.ClaimResult
+}
+
+func (cr *claimReader) readInsert(br pgx.BatchResults) error {
+	var token int64
+	err := br.QueryRow().Scan(&token)
+	if errors.Is(err, pgx.ErrNoRows) { // a record exists
+		cr.notCreated = true
+		return nil
+	}
+	return err
+}
+
+func (cr *claimReader) readRecord(ctx context.Context) func(pgx.BatchResults) error {
+	return func(br pgx.BatchResults) error {
 		var now time.Time
 		rec, err := scanRecord(ctx, br.QueryRow(), &now)
 		if err != nil {
 			return err
 		}
-		res = &idem.ClaimResult{Record: rec, Created: created, Now: now.UTC()}
+		cr.res = &idem.ClaimResult{Record: rec, Created: !cr.notCreated, Now: now.UTC()}
 		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
-	return res, nil
 }
 
 // Takeover replaces the record while it still carries p.Token and meets
@@ -179,26 +198,35 @@ func (e *executor) Get(ctx context.Context, p *idem.GetParams) (*idem.Record, er
 	return scanRecord(ctx, e.db.QueryRow(ctx, get, p.Scope, p.Key, pinnedNow(p.Now)))
 }
 
-// Complete stores the response while the record is processing and carries
-// p.Token.
-func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
+// completeArgs returns the arguments of complete (and completeOrFail).
+func completeArgs(p *idem.CompleteParams) ([]any, error) {
 	resp := p.Response
 	if resp == nil {
 		resp = &idem.Response{}
 	}
 	if resp.StatusCode < math.MinInt32 || resp.StatusCode > math.MaxInt32 {
-		return fmt.Errorf("idem: postgres: response status code %d out of range", resp.StatusCode)
+		return nil, fmt.Errorf("idem: postgres: response status code %d out of range", resp.StatusCode)
 	}
 	header, err := codec.EncodeHeader(resp.Header)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	body := resp.Body
 	if body == nil {
 		body = []byte{} // pgx sends a nil slice as NULL; replay must give back an empty body
 	}
-	tag, err := e.db.Exec(ctx, complete, p.Scope, p.Key, p.Token, int16(p.Status),
-		int32(resp.StatusCode), header, body, p.Retention.Microseconds(), pinnedNow(p.Now))
+	return []any{p.Scope, p.Key, p.Token, int16(p.Status),
+		int32(resp.StatusCode), header, body, p.Retention.Microseconds(), pinnedNow(p.Now)}, nil
+}
+
+// Complete stores the response while the record is processing and carries
+// p.Token.
+func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
+	args, err := completeArgs(p)
+	if err != nil {
+		return err
+	}
+	tag, err := e.db.Exec(ctx, complete, args...)
 	if err != nil {
 		return interpretError(ctx, err)
 	}
@@ -316,11 +344,17 @@ func (e *executor) boundedBatch(wait time.Duration, sql string, args ...any) *pg
 	if !e.inTx {
 		b.BeginTx(pgx.TxOptions{})
 	}
+	queueBounded(b, wait, sql, args...)
+	return b
+}
+
+// queueBounded queues sql on b between the save and set of lock_timeout and
+// its restore.
+func queueBounded(b *pgx.Batch, wait time.Duration, sql string, args ...any) {
 	b.Queue(saveLockTimeout)
 	b.Queue(setLockTimeout, lockTimeout(wait))
 	b.Queue(sql, args...)
 	b.Queue(restoreLockTimeout)
-	return b
 }
 
 // sendBounded sends b, made by boundedBatch with wait, and reads its

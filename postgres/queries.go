@@ -229,3 +229,28 @@ WHERE (scope, idempotency_key) IN (SELECT scope, idempotency_key FROM batch)`
 // migrationLockSchema names the schema Migrate creates its tables in: the
 // first existing schema of the search_path.
 const migrationLockSchema = `SELECT COALESCE(current_schema(), '')`
+
+// completeOrFail is complete for the batch [completeOrFail; COMMIT] of
+// CompleteCommit. A batch cannot skip its COMMIT on a result, only on an
+// error: when the UPDATE matches no row (the claim was fenced), the SELECT
+// divides by zero (SQLSTATE 22012, codeDivisionByZero), the server skips the
+// rest of the batch and the transaction stays aborted until rolled back. A
+// data-modifying CTE runs exactly once whether or not it is read; the count
+// is read here so the error follows from its result. No other expression
+// of the statement divides, so 22012 from it always means fenced.
+const completeOrFail = `WITH clock AS MATERIALIZED (
+	SELECT COALESCE($9::timestamptz, clock_timestamp()) AS ts
+), completed AS (
+	UPDATE idempotency_keys SET
+		status = $4::smallint,
+		response_status = $5::integer,
+		response_headers = $6::bytea,
+		response_body = $7::bytea,
+		completed_at = clock.ts,
+		updated_at = clock.ts,
+		expires_at = clock.ts + $8::bigint * interval '1 microsecond'
+	FROM clock
+	WHERE scope = $1::text AND idempotency_key = $2::text AND token = $3::bigint AND status = 1
+	RETURNING 1
+)
+SELECT 1 / (SELECT count(*)::integer FROM completed)`
