@@ -41,6 +41,9 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, maxDepth int)
 	b := &requestBody{data: raw, mediaType: mediaType(r.Header.Get("Content-Type"))}
 	switch encodingOf(r.Header.Values("Content-Encoding")) {
 	case "gzip":
+		if len(raw) == 0 {
+			break // an empty body is empty however it claims to be encoded
+		}
 		if b.data, e = gunzip(raw, limit); e != nil {
 			return nil, e
 		}

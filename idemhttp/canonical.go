@@ -111,7 +111,11 @@ func (c *canonicalizer) array(out []byte, depth int) ([]byte, error) {
 
 // member is one canonical "name":value of an object, in the object's buffer.
 type member struct {
-	name       string
+	// fold is the name under case folding: members are sorted by it, and
+	// members whose names fold alike keep their document order, because Go's
+	// encoding/json matches field names ignoring case and keeps the last
+	// match, so their order changes what a handler reads.
+	fold       string
 	start, end int
 }
 
@@ -134,12 +138,12 @@ func (c *canonicalizer) object(out []byte, depth int) ([]byte, error) {
 		if buf, err = c.value(buf, depth); err != nil {
 			return nil, err
 		}
-		members = append(members, member{name: name, start: start, end: len(buf)})
+		members = append(members, member{fold: strings.ToLower(strings.ToUpper(name)), start: start, end: len(buf)})
 	}
 	if tok, err := c.dec.Token(); err != nil || tok != json.Delim('}') {
 		return nil, errJSONInvalid
 	}
-	slices.SortStableFunc(members, func(a, b member) int { return strings.Compare(a.name, b.name) })
+	slices.SortStableFunc(members, func(a, b member) int { return strings.Compare(a.fold, b.fold) })
 	out = append(out, '{')
 	for i, m := range members {
 		if i > 0 {

@@ -23,9 +23,16 @@ func TestCanonicalJSON(t *testing.T) {
 		{`{"b":1,"a":2}`, `{"a":2,"b":1}`},
 		{" {\n\t\"b\" : [ 1 , 2 ] ,\r\n \"a\" : { \"y\" : null , \"x\" : true } } ", `{"a":{"x":true,"y":null},"b":[1,2]}`},
 		{`[{"b":1,"a":2},{"d":[],"c":{}}]`, `[{"a":2,"b":1},{"c":{},"d":[]}]`},
-		{`{"a":1,"b":0,"a":2}`, `{"a":1,"a":2,"b":0}`},                   // duplicates keep their order
-		{`{"é":1,"z":2,"A":3,"":4}`, `{"":4,"A":3,"z":2,"é":1}`},         // byte order of the decoded names
-		{`{"\u0062":1,"a":2}`, `{"a":2,"b":1}`},                          // names compare decoded
+		{`{"a":1,"b":0,"a":2}`, `{"a":1,"a":2,"b":0}`},           // duplicates keep their order
+		{`{"é":1,"z":2,"A":3,"":4}`, `{"":4,"A":3,"z":2,"é":1}`}, // byte order of the decoded names
+		{`{"\u0062":1,"a":2}`, `{"a":2,"b":1}`},                  // names compare decoded
+		{`{"b":1,"A":2}`, `{"A":2,"b":1}`},                       // sorted ignoring case
+		// Names that differ only in case keep their document order: Go's
+		// encoding/json matches them ignoring case and keeps the last one,
+		// so the two orders are two different requests.
+		{`{"amount_cents":100,"AMOUNT_CENTS":999}`, `{"amount_cents":100,"AMOUNT_CENTS":999}`},
+		{`{"AMOUNT_CENTS":999,"amount_cents":100}`, `{"AMOUNT_CENTS":999,"amount_cents":100}`},
+		{`{"\u212a":1,"k":2}`, `{"K":1,"k":2}`},                          // the Kelvin sign folds to k
 		{`"\u0061\u00e9\/\ud83d\ude00"`, `"aé/😀"`},                       // one escaping for strings
 		{`"\u0001\u001f\n\t\r\b\f\"\\"`, `"\u0001\u001f\n\t\r\b\f\"\\"`}, // control characters stay escaped
 		{`"\ud800x"`, "\"\uFFFDx\""},                                     // a lone surrogate becomes U+FFFD
