@@ -74,3 +74,14 @@ goose-cli: ## Check the goose CLI migrates the shipped files up and down on all 
 .PHONY: ci
 ci: ## Run what CI runs: start the servers, gofmt, vet, tests, goose CLI check
 	bash .ci/run
+
+# The fault suite (faults/, build tag "faults") at full scale on every dialect; the rows it
+# prints with the "FAULTS|" prefix are the tables of docs/reliability.md. The servers must run.
+FAULTS_TIMEOUT ?= 90m
+
+.PHONY: faults
+faults: SHELL := bash
+faults: .SHELLFLAGS := -o pipefail -ec
+faults: ## Run the fault suite at full scale (see docs/reliability.md; about 30 minutes)
+	IDEM_FAULTS_SCALE=full IDEM_TEST_REQUIRE_DB=1 $(GO) test -tags faults -count=1 -timeout $(FAULTS_TIMEOUT) -v ./faults/ | tee faults.out
+	@echo; echo "rows for docs/reliability.md:"; grep -o 'FAULTS|.*' faults.out | sed 's/^FAULTS//'

@@ -1,0 +1,17 @@
+// Package faults holds idem's fault suite: tests that drive the order service
+// (examples/orders) and the store through real processes and real database
+// servers while processes are killed, servers go away, instances race and
+// clients send garbage, and that count what came out: duplicates, lost
+// acknowledged orders, answers by error code.
+//
+// The tests carry the build tag "faults", so `go test ./...` does not run
+// them. Run them with
+//
+//	make faults                                     # full scale, every dialect; figures for docs/reliability.md
+//	go test -tags faults -race -count=1 -v ./faults/ # the bounded version .ci/run runs
+//
+// IDEM_FAULTS_SCALE=full selects the full scale (the default is the bounded CI
+// scale) and IDEM_FAULTS_DIALECTS (a comma-separated subset of sqlite,
+// postgres, mysql) the dialects. The server addresses come from
+// IDEM_TEST_POSTGRES_URL and IDEM_TEST_MYSQL_DSN, as for the other tests.
+package faults
