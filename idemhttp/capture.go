@@ -8,15 +8,17 @@ import (
 )
 
 // ErrResponseTooLarge is returned by the handler's ResponseWriter.Write once
-// a 2xx or 3xx response grows past Config.MaxResponseBytes: it cannot be
-// stored, so the middleware will roll the transaction back and answer 500
-// with CodeResponseTooLarge. The handler may stop writing.
+// a response that would be stored (a 2xx or 3xx, or a failure marked final)
+// grows past Config.MaxResponseBytes: it cannot be stored, so the middleware
+// will roll the transaction back and answer 500 with CodeResponseTooLarge.
+// The handler may stop writing.
 var ErrResponseTooLarge = errors.New("idemhttp: response larger than Config.MaxResponseBytes")
 
 // capture is the ResponseWriter the handler writes to: it keeps the response
 // in memory until the transaction's outcome decides what the client gets.
 // It supports neither Flush nor Hijack: nothing reaches the client before
-// the commit.
+// the commit, except the tail of a failure response that will not be stored
+// (see Write).
 type capture struct {
 	header http.Header
 	// sent is the header as it was when the status was written, as a
@@ -24,10 +26,19 @@ type capture struct {
 	sent   http.Header
 	status int
 	body   bytes.Buffer
-	// limit bounds the body of a storable (2xx or 3xx) response; beyond it
-	// the body is dropped and overflow set.
+	// limit bounds the buffered body of every response; beyond it a
+	// response that would be stored is dropped and overflow set, and a
+	// failure that will not be stored is streamed.
 	limit    int
 	overflow bool
+	// spill, when set, is asked to start streaming a failure response that
+	// outgrew limit: it reports false if the response may still be stored
+	// (marked final, or its attempt is to be retried), and otherwise sends
+	// the status and headers to the client and reports true.
+	spill func(c *capture) bool
+	// out receives the rest of the body once streamed is set.
+	out      http.ResponseWriter
+	streamed bool
 }
 
 func newCapture(limit int) *capture {
@@ -51,19 +62,36 @@ func (c *capture) WriteHeader(code int) {
 	c.sent = c.header.Clone()
 }
 
+// Write buffers p. The buffer never holds more than limit bytes: a response
+// that would be stored fails with ErrResponseTooLarge beyond it, and a 4xx
+// or 5xx that is not final switches to streaming, so that a large error
+// page costs no more memory than the limit. A failure that is not stored
+// gives the client nothing to replay and leaves nothing committed, so
+// sending it before the rollback ends is harmless: a retry waits for the
+// rollback like any duplicate in flight.
 func (c *capture) Write(p []byte) (int, error) {
 	if c.status == 0 {
 		c.WriteHeader(http.StatusOK)
 	}
-	if c.overflow {
+	switch {
+	case c.streamed:
+		return c.out.Write(p)
+	case c.overflow:
 		return 0, ErrResponseTooLarge
-	}
-	if c.status < 400 && c.body.Len()+len(p) > c.limit {
+	case c.body.Len()+len(p) <= c.limit:
+		return c.body.Write(p)
+	case c.status >= 400 && c.spill != nil && c.spill(c):
+		c.streamed = true
+		if _, err := c.out.Write(c.body.Bytes()); err != nil {
+			return 0, err
+		}
+		c.body = bytes.Buffer{}
+		return c.out.Write(p)
+	default:
 		c.overflow = true
 		c.body = bytes.Buffer{}
 		return 0, ErrResponseTooLarge
 	}
-	return c.body.Write(p)
 }
 
 // finish completes the response after the handler returned: status 200 if
@@ -73,7 +101,13 @@ func (c *capture) finish() {
 	if c.status == 0 {
 		c.WriteHeader(http.StatusOK)
 	}
-	if _, ok := c.sent["Content-Type"]; !ok && c.body.Len() > 0 {
+	c.sniff()
+}
+
+// sniff sets the Content-Type the server would have sniffed from the
+// buffered body, if the handler set none.
+func (c *capture) sniff() {
+	if _, ok := c.sent["Content-Type"]; !ok && c.body.Len() > 0 && !c.streamed {
 		c.sent.Set("Content-Type", http.DetectContentType(c.body.Bytes()))
 	}
 }

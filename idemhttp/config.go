@@ -74,8 +74,12 @@ type Config struct {
 	// or 3xx, or a failure marked final. A larger one cannot be stored, so
 	// its transaction is rolled back (nothing happened) and the client gets
 	// 500 with CodeResponseTooLarge; the key stays free (in the leased mode
-	// the lease is released). Failure responses that are not stored pass
-	// through whatever their size. Defaults to 1 MiB.
+	// the lease is released). It also bounds the memory a failure response
+	// that is not stored takes: such a response is buffered up to this size
+	// and, past it, streamed to the client while the handler writes it, its
+	// transaction rolled back (or its lease released) when the handler
+	// returns; MarkFinal and RetryTransaction then report false. Defaults
+	// to 1 MiB.
 	MaxResponseBytes int
 
 	// ReplayHeaders are response headers stored and replayed besides

@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 
 	"github.com/idemstore/idem"
@@ -25,6 +26,23 @@ type attempt struct {
 	// final and retry are set by the handler, possibly from goroutines it
 	// started; ended is set when the handler returned.
 	final, retry, ended atomic.Bool
+	// decide orders MarkFinal and RetryTransaction against streamed, which
+	// is set once a failure response too large to buffer started reaching
+	// the client: from then on it can be neither stored nor retried.
+	decide   sync.Mutex
+	streamed bool
+}
+
+// stream reports whether the attempt's failure response may be streamed,
+// and if so makes MarkFinal and RetryTransaction refuse from now on.
+func (a *attempt) stream() bool {
+	a.decide.Lock()
+	defer a.decide.Unlock()
+	if a.final.Load() || a.retry.Load() {
+		return false
+	}
+	a.streamed = true
+	return true
 }
 
 func attemptFrom(ctx context.Context) *attempt {
@@ -130,10 +148,19 @@ func RequestID(ctx context.Context) string {
 //
 // Call it while the handler runs, before or after writing the response. It
 // reports false, and does nothing, outside a handler called by the
-// middleware.
+// middleware, and once the body of a failure response outgrew
+// Config.MaxResponseBytes while not marked final: that response has started
+// streaming to the client and cannot be stored any more. A handler that
+// writes a large final failure calls MarkFinal before writing it (and gets
+// ErrResponseTooLarge beyond the limit, as for a success).
 func MarkFinal(ctx context.Context) bool {
 	a := attemptFrom(ctx)
 	if a == nil || a.ended.Load() {
+		return false
+	}
+	a.decide.Lock()
+	defer a.decide.Unlock()
+	if a.streamed {
 		return false
 	}
 	a.final.Store(true)
@@ -149,12 +176,19 @@ func MarkFinal(ctx context.Context) bool {
 // past it the client gets 503 with CodeStoreUnavailable.
 //
 // It reports false, and does nothing, outside a handler called by the
-// middleware and in the leased mode, where the handler's outside call must
-// not be repeated behind the client's back: answer with a 5xx instead (the
-// lease is released and the client's retry runs the handler again).
+// middleware, once a failure response larger than Config.MaxResponseBytes
+// has started streaming to the client, and in the leased mode, where the
+// handler's outside call must not be repeated behind the client's back:
+// answer with a 5xx instead (the lease is released and the client's retry
+// runs the handler again).
 func RetryTransaction(ctx context.Context) bool {
 	a := attemptFrom(ctx)
 	if a == nil || a.ended.Load() || a.begin != nil {
+		return false
+	}
+	a.decide.Lock()
+	defer a.decide.Unlock()
+	if a.streamed {
 		return false
 	}
 	a.retry.Store(true)

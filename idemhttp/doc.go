@@ -70,7 +70,11 @@
 //
 // The handler's ResponseWriter buffers the response until the transaction
 // ends, so it supports neither Flush nor Hijack: nothing reaches the client
-// before the commit.
+// before the commit. The one exception bounds memory: a 4xx or 5xx that is
+// not marked final and outgrows Config.MaxResponseBytes is streamed to the
+// client from then on (it will not be stored, and its transaction rolls
+// back when the handler returns); it can no longer be marked final or
+// retried.
 //
 // Retries are answered from the store, without calling the handler:
 //

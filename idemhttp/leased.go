@@ -78,7 +78,7 @@ func (m *middleware[TTx]) serveLeased(w http.ResponseWriter, rq *request) {
 	})()
 
 	a := &attempt{lease: lease, begin: run.begin, key: rq.key, scope: rq.scope, requestID: rq.requestID}
-	cw := newCapture(m.cfg.MaxResponseBytes)
+	cw := m.newCapture(w, rq, a)
 	returned := false
 	defer func() {
 		if returned {
@@ -106,6 +106,15 @@ func (l *leasedRun[TTx]) finish(w http.ResponseWriter, rq *request, cw *capture,
 	renewErr := l.stopRenewals()
 	storable := cw.status < 400 || final
 	switch {
+	case cw.streamed:
+		// A failure too large to buffer, already on its way to the client:
+		// it is never stored, whatever else happened, so only undo.
+		l.rollback(tx, begun)
+		outcome := "rolled_back"
+		if err := l.release(); err != nil {
+			outcome = "rolled_back_not_released"
+		}
+		m.log(rq, outcome, cw.status)
 	case errors.Is(renewErr, idem.ErrFenced):
 		// Another holder has the key (a status check or a takeover after
 		// the lease ran out): whatever the handler did must not be stored.

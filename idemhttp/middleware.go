@@ -180,7 +180,7 @@ func (m *middleware[TTx]) serveTransactional(w http.ResponseWriter, rq *request)
 	var last *capture // the last attempt's response
 	res, err := m.store.Do(ctx, rq.scope, rq.key, rq.fp, func(ctx context.Context, tx TTx) (*idem.Response, error) {
 		a := &attempt{tx: tx, key: rq.key, scope: rq.scope, requestID: rq.requestID}
-		cw := newCapture(m.cfg.MaxResponseBytes)
+		cw := m.newCapture(w, rq, a)
 		last = cw
 		m.runHandler(cw, rq, context.WithValue(ctx, attemptKey{}, a), a)
 		switch {
@@ -200,6 +200,10 @@ func (m *middleware[TTx]) serveTransactional(w http.ResponseWriter, rq *request)
 	answered = true
 
 	switch {
+	case last != nil && last.streamed:
+		// A failure too large to buffer is already on its way to the
+		// client; it was never going to be stored, and Do rolled back.
+		m.log(rq, "rolled_back", last.status)
 	case err == nil && res.Replayed:
 		m.replay(w, rq, res.Response)
 		m.log(rq, "replayed", res.Response.StatusCode)
@@ -286,15 +290,41 @@ func (m *middleware[TTx]) replayable(h http.Header) http.Header {
 	return out
 }
 
-// send writes the handler's own response, with every header it set.
+// newCapture returns the ResponseWriter for one run of the handler, which
+// streams a failure response to w once it outgrows Config.MaxResponseBytes
+// (see capture.Write), unless a has marked it final or asked for a retry.
+func (m *middleware[TTx]) newCapture(w http.ResponseWriter, rq *request, a *attempt) *capture {
+	cw := newCapture(m.cfg.MaxResponseBytes)
+	cw.spill = func(c *capture) bool {
+		if !a.stream() {
+			return false
+		}
+		c.out = w
+		c.sniff()
+		m.writeHead(w, rq, c)
+		return true
+	}
+	return cw
+}
+
+// send writes the handler's own response, with every header it set, unless
+// it was streamed already.
 func (m *middleware[TTx]) send(w http.ResponseWriter, rq *request, c *capture) {
+	if c.streamed {
+		return
+	}
+	m.writeHead(w, rq, c)
+	_, _ = w.Write(c.body.Bytes())
+}
+
+// writeHead writes the status and headers of the handler's own response.
+func (m *middleware[TTx]) writeHead(w http.ResponseWriter, rq *request, c *capture) {
 	h := w.Header()
 	for k, v := range c.sent {
 		h[k] = v
 	}
 	h.Set(requestIDHeader, rq.requestID)
 	w.WriteHeader(c.status)
-	_, _ = w.Write(c.body.Bytes())
 }
 
 // replay writes a stored response, with the allowlisted headers only.
