@@ -56,7 +56,10 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, maxDepth int)
 		return b, nil
 	}
 	b.canonical = b.data
-	if isJSON(b.mediaType) && len(bytes.TrimSpace(b.data)) > 0 {
+	// Only JSON's own whitespace makes an empty body: bytes.TrimSpace would
+	// also drop Unicode spaces (U+00A0, U+0085), letting a body that is not
+	// JSON through to the handler unchecked.
+	if isJSON(b.mediaType) && len(bytes.Trim(b.data, jsonSpace)) > 0 {
 		c, err := canonicalJSON(b.data, maxDepth)
 		switch {
 		case errors.Is(err, errJSONTooDeep):
@@ -68,6 +71,9 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, maxDepth int)
 	}
 	return b, nil
 }
+
+// jsonSpace is the whitespace JSON allows around values (RFC 8259 section 2).
+const jsonSpace = " \t\r\n"
 
 func tooLarge() *Error {
 	return &Error{Status: http.StatusRequestEntityTooLarge, Code: CodeBodyTooLarge, Message: "The request body is too large."}

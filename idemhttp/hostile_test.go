@@ -108,6 +108,8 @@ func hostileCases() []hostileCase {
 			status: http.StatusRequestEntityTooLarge, code: idemhttp.CodeBodyTooLarge},
 		{name: "invalid UTF-8 outside strings", fresh: true, body: []byte("\xff\xfe{\"amount\":1}"),
 			status: http.StatusBadRequest, code: idemhttp.CodeBodyInvalid},
+		{name: "Unicode space labelled JSON", fresh: true, body: []byte("\u00a0\u0085"),
+			status: http.StatusBadRequest, code: idemhttp.CodeBodyInvalid},
 		{name: "UTF-16 body labelled JSON", fresh: true, body: []byte("\xff\xfe{\x00\"\x00a\x00\"\x00:\x001\x00}\x00"),
 			status: http.StatusBadRequest, code: idemhttp.CodeBodyInvalid},
 		{name: "JSON arrays nested 100 000 deep", fresh: true, body: []byte(deepArrays),
