@@ -124,6 +124,7 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, reaperCases[TTx]()...)
 	all = append(all, raceCases[TTx]()...)
 	all = append(all, staleCases[TTx]()...)
+	all = append(all, tenantCases[TTx]()...)
 	all = append(all, errorCases[TTx]()...)
 	return all
 }
