@@ -2,6 +2,8 @@ package conformance
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -63,10 +65,14 @@ func testTenantReplayStaysInScope[TTx any](t *testing.T, h Harness[TTx]) {
 	key := newKey("tenant-replay")
 	scopes := append(append([]string(nil), tenantScopes...), composedScope, decomposedScope)
 	calls := map[string]int{}
+	// The business rows are named by the scope's index: the test table's
+	// collation may be case-insensitive and ignore trailing spaces, which
+	// idem's own table must not do.
+	ref := func(scope string) string { return strconv.Itoa(slices.Index(scopes, scope)) + "|" + key }
 	run := func(scope string) *idem.Result {
 		res, err := b.store.Do(ctx, scope, key, fp("same body"), func(ctx context.Context, tx TTx) (*idem.Response, error) {
 			calls[scope]++
-			if err := b.ns.InsertOrder(ctx, tx, scope+"|"+key); err != nil {
+			if err := b.ns.InsertOrder(ctx, tx, ref(scope)); err != nil {
 				return nil, err
 			}
 			return tenantResponse(scope), nil
@@ -84,7 +90,7 @@ func testTenantReplayStaysInScope[TTx any](t *testing.T, h Harness[TTx]) {
 		require.True(t, res.Replayed, "scope %q", scope)
 		requireSameResponse(t, tenantResponse(scope), res.Response)
 		require.Equal(t, 1, calls[scope], "scope %q ran its callback again", scope)
-		require.Equal(t, 1, b.orders(ctx, t, scope+"|"+key), "scope %q", scope)
+		require.Equal(t, 1, b.orders(ctx, t, ref(scope)), "scope %q", scope)
 	}
 	require.Equal(t, len(scopes), b.records(ctx, t))
 }
