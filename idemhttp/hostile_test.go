@@ -137,15 +137,15 @@ func TestHostileInput(t *testing.T) {
 	t.Parallel()
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
-		runHostile(t, harness[*sqlTx](sqliteHarness{}))
+		testHostile(t, harness[*sqlTx](sqliteHarness{}))
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		runHostile(t, harness[pgxTx](newPGHarness(t)))
+		testHostile(t, harness[pgxTx](newPGHarness(t)))
 	})
 	t.Run("mariadb", func(t *testing.T) {
 		t.Parallel()
-		runHostile(t, harness[*sqlTx](newMySQLHarness(t)))
+		testHostile(t, harness[*sqlTx](newMySQLHarness(t)))
 	})
 }
 
@@ -215,7 +215,7 @@ type hostileFigures struct {
 	slowest                                time.Duration
 }
 
-func runHostile[TTx any](t *testing.T, h harness[TTx]) {
+func testHostile[TTx any](t *testing.T, h harness[TTx]) {
 	meter := &bodyMeter{read: map[string]int64{}}
 	b := setup(t, h, options[TTx]{outer: meter.wrap})
 	ctx := t.Context()
@@ -309,8 +309,8 @@ func rawExchange(addr string, req []byte, halfClose bool) (*reply, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
 	if err := conn.SetDeadline(time.Now().Add(20 * time.Second)); err != nil {
+		_ = conn.Close()
 		return nil, err
 	}
 	written := make(chan struct{})
@@ -371,19 +371,19 @@ func TestHostileKeysAreDataNotSQL(t *testing.T) {
 	t.Parallel()
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
-		runKeysAreData(t, harness[*sqlTx](sqliteHarness{}))
+		testKeysAreData(t, harness[*sqlTx](sqliteHarness{}))
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		runKeysAreData(t, harness[pgxTx](newPGHarness(t)))
+		testKeysAreData(t, harness[pgxTx](newPGHarness(t)))
 	})
 	t.Run("mariadb", func(t *testing.T) {
 		t.Parallel()
-		runKeysAreData(t, harness[*sqlTx](newMySQLHarness(t)))
+		testKeysAreData(t, harness[*sqlTx](newMySQLHarness(t)))
 	})
 }
 
-func runKeysAreData[TTx any](t *testing.T, h harness[TTx]) {
+func testKeysAreData[TTx any](t *testing.T, h harness[TTx]) {
 	b := setup(t, h, options[TTx]{})
 	anything := b.with(idemhttp.Config{KeyFormat: regexp.MustCompile(`^.+$`)}, nil)
 	body := `{"amount":7,"note":"'); DELETE FROM orders; --"}`
@@ -420,7 +420,7 @@ func runKeysAreData[TTx any](t *testing.T, h harness[TTx]) {
 // (plus buffer growth), not by what the client sends. Allocation counts are
 // process-wide, so this test does not run in parallel with the others;
 // TotalAlloc only grows, so a garbage collection cannot hide anything.
-func TestHostileInputMemory(t *testing.T) { //nolint:paralleltest // measures process-wide allocations
+func TestHostileInputMemory(t *testing.T) { // not parallel: it measures process-wide allocations
 	store := newSQLiteStore(t)
 	var calls atomic.Int64
 	mw := idemhttp.New(store, &idemhttp.Config{Tenant: testTenant})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { calls.Add(1) }))

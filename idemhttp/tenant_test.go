@@ -26,9 +26,17 @@ import (
 // puts each tenant in its own scope.
 
 // isolationTenants are tenants a careless scope could confuse: "acme"
-// with another case, with its path escaped, and with text that imitates
-// the rest of a scope.
-var isolationTenants = []string{"acme", "globex", "ACME", "acme%20", "acme POST /orders", "acme/../globex"}
+// with another case, with its path escaped, with text that imitates the
+// rest of a scope, "café" composed and decomposed, and two tenants whose
+// escaped form ("é" is "%C3%A9") makes a scope longer than
+// idem.MaxScopeLength, differing only past that length: their scopes are
+// digests, which must not truncate them first. (The tenants themselves fit
+// the test's orders.tenant VARCHAR(255).)
+var isolationTenants = []string{
+	"acme", "globex", "ACME", "acme%20", "acme POST /orders", "acme/../globex",
+	"caf\u00e9", "cafe\u0301",
+	strings.Repeat("\u00e9", 84) + "-a", strings.Repeat("\u00e9", 84) + "-b",
+}
 
 // TestTenantIsolationHTTP runs the scenario on every dialect in both modes,
 // and prints the figures of docs/reliability.md (run with -v).
@@ -39,15 +47,15 @@ func TestTenantIsolationHTTP(t *testing.T) {
 			t.Parallel()
 			t.Run("sqlite", func(t *testing.T) {
 				t.Parallel()
-				runTenantIsolation(t, harness[*sqlTx](sqliteHarness{}), mode)
+				testTenantIsolationModes(t, harness[*sqlTx](sqliteHarness{}), mode)
 			})
 			t.Run("postgres", func(t *testing.T) {
 				t.Parallel()
-				runTenantIsolation(t, harness[pgxTx](newPGHarness(t)), mode)
+				testTenantIsolationModes(t, harness[pgxTx](newPGHarness(t)), mode)
 			})
 			t.Run("mariadb", func(t *testing.T) {
 				t.Parallel()
-				runTenantIsolation(t, harness[*sqlTx](newMySQLHarness(t)), mode)
+				testTenantIsolationModes(t, harness[*sqlTx](newMySQLHarness(t)), mode)
 			})
 		})
 	}
@@ -78,7 +86,7 @@ func (c *tenantTally) add(r *reply, t *testing.T) {
 // secretOf is the part of a response only its tenant may see.
 func secretOf(tenant string) string { return "secret of " + tenant }
 
-func runTenantIsolation[TTx any](t *testing.T, h harness[TTx], mode idemhttp.Mode) {
+func testTenantIsolationModes[TTx any](t *testing.T, h harness[TTx], mode idemhttp.Mode) {
 	clk := &httpClock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
 	var (
 		checkMu sync.Mutex
