@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"net/http/httptest"
@@ -52,6 +53,9 @@ type fuzzEnv struct {
 	leased        http.Handler
 	calls         atomic.Int64
 	namespace     atomic.Int64
+	// logs holds the current input's log records (inputs run one at a
+	// time in a worker).
+	logs logBuffer
 }
 
 func newFuzzEnv(f *testing.F) *fuzzEnv {
@@ -73,6 +77,7 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 	}
 	e := &fuzzEnv{db: db, store: store}
 	cfg := idemhttp.Config{
+		Logger:       slog.New(slog.NewJSONHandler(&e.logs, nil)),
 		MaxBodyBytes: fuzzLimit,
 		MaxJSONDepth: fuzzDepth,
 		Tenant:       func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil },
@@ -300,8 +305,18 @@ func FuzzMiddleware(f *testing.F) {
 		}
 		// A tenant per iteration: the store is shared by every iteration
 		// of the worker, and this keeps them from meeting.
-		tenant := "fuzz" + strconv.FormatInt(e.namespace.Add(1), 10)
+		tenant := "fuzz-tenant-" + strconv.FormatInt(e.namespace.Add(1), 10)
 		wantStatus, wantCode, valid := in.expected()
+		e.logs.reset()
+		defer func() {
+			// Keys and tenants never reach the logs raw (key lines of 12 bytes or more).
+			logs := e.logs.String()
+			for _, secret := range append(strings.Split(in.key, "\n"), tenant) {
+				if len(secret) >= 12 && strings.Contains(logs, secret) {
+					t.Fatalf("the logs hold a raw key or tenant %q", secret)
+				}
+			}
+		}()
 		callsBefore := e.calls.Load()
 		recordsBefore := e.count(t, `SELECT count(*) FROM idempotency_keys`)
 		first := serveFuzz(h, in.request(tenant))
