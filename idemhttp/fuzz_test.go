@@ -83,7 +83,9 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 		Tenant:       func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil },
 	}
 	e.transactional = idemhttp.New(store, &cfg)(http.HandlerFunc(e.handle))
-	cfg.Mode = idemhttp.Leased
+	// The leased middleware answers a mismatch with the IETF draft's 422,
+	// so both documented statuses are fuzzed.
+	cfg.Mode, cfg.MismatchStatus = idemhttp.Leased, idemhttp.MismatchStatusIETF
 	e.leased = idemhttp.New(store, &cfg)(http.HandlerFunc(e.handle))
 	return e
 }
@@ -279,8 +281,10 @@ func jsonDepth(data []byte) int {
 // documented ones can happen), the JSON error contract with the documented
 // status and code on every refusal, the handler called exactly when the
 // request is valid, a byte-identical replay marked Idempotency-Replayed,
-// 409 idempotency_key_reused for another request under the same key, and
-// another tenant never replayed. The requests are served in process, so
+// idempotency_key_reused for another request under the same key (409, or
+// 422 with MismatchStatusIETF in the leased mode), another tenant never
+// replayed, and no raw key or tenant in the logs. The requests are served
+// in process, so
 // that header bytes a proxy might forward reach the middleware;
 // TestHostileInput sends the hostile cases over a real connection.
 func FuzzMiddleware(f *testing.F) {
@@ -359,7 +363,11 @@ func FuzzMiddleware(f *testing.F) {
 			if e.calls.Load() != callsBefore+1 {
 				t.Fatalf("the handler ran for another request under a used key")
 			}
-			if r.status != http.StatusConflict || fuzzErrorCode(t, r) != idemhttp.CodeKeyReused {
+			wantMismatch := http.StatusConflict
+			if in.leased {
+				wantMismatch = idemhttp.MismatchStatusIETF
+			}
+			if r.status != wantMismatch || fuzzErrorCode(t, r) != idemhttp.CodeKeyReused {
 				t.Fatalf("another request under the same key: got %d %s", r.status, r.body)
 			}
 		}
