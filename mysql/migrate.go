@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 
 	"github.com/idemstore/idem/migrations"
@@ -25,7 +26,15 @@ import (
 // Errors from goose are returned unchanged, so a *goose.PartialError stays
 // reachable with errors.As. MySQL commits each DDL statement implicitly;
 // idem's migration files hold one statement each for that reason.
+//
+// The lock holds one connection while goose works on another, so db must
+// allow at least two open connections; a pool limited to one is refused with
+// [ErrMigrateSingleConn] rather than left to wait on itself, holding the
+// server-wide lock, until ctx ends.
 func Migrate(ctx context.Context, db *sql.DB) error {
+	if db.Stats().MaxOpenConnections == 1 {
+		return ErrMigrateSingleConn
+	}
 	p, err := migrations.NewProvider(migrations.MySQL, db)
 	if err != nil {
 		return err
@@ -43,6 +52,12 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 	_, err = p.Up(ctx)
 	return err
 }
+
+// ErrMigrateSingleConn is returned by [Migrate] for a pool limited to one
+// open connection (sql.DB.SetMaxOpenConns(1)): the migration lock and goose
+// need a connection each. Migrate with a pool that allows two or more, then
+// limit it.
+var ErrMigrateSingleConn = errors.New("idem: mysql: migrate needs a pool of at least 2 connections (SetMaxOpenConns(1) would deadlock on the migration lock)")
 
 // migrateLocker takes and releases GET_LOCK on one connection.
 type migrateLocker struct{}

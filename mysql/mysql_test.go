@@ -111,6 +111,23 @@ func TestMigrate(t *testing.T) {
 		requireFullyMigrated(ctx, t, pools[0])
 	})
 
+	// The lock's connection and goose's would wait on each other until ctx
+	// ended, holding the server-wide lock for every other migration.
+	t.Run("SingleConnectionPoolRefused", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		name := srv.createDatabase(ctx, t)
+		db := srv.connect(t, name, true)
+		db.SetMaxOpenConns(1)
+		start := time.Now()
+		require.ErrorIs(t, idemmysql.Migrate(ctx, db), idemmysql.ErrMigrateSingleConn)
+		require.Less(t, time.Since(start), 5*time.Second, "refused at once, not after waiting")
+		require.False(t, tableExists(ctx, t, db, "idempotency_keys"))
+		db.SetMaxOpenConns(2)
+		require.NoError(t, idemmysql.Migrate(ctx, db))
+		requireFullyMigrated(ctx, t, db)
+	})
+
 	t.Run("DownRemovesTable", func(t *testing.T) {
 		t.Parallel()
 		ctx := t.Context()
