@@ -136,7 +136,7 @@ func outageScript(t *testing.T, l *outageLoad, srv *outageServer, terminate func
 	time.Sleep(time.Second)
 	var recovered []time.Duration
 	terminated, terminations := 0, 0
-	for range 3 {
+	for range scaled(3, 10) {
 		terminated += terminate()
 		terminations++
 		recovered = append(recovered, l.waitOK(t, time.Now()))
@@ -146,8 +146,9 @@ func outageScript(t *testing.T, l *outageLoad, srv *outageServer, terminate func
 		t.Errorf("%s found none of the service's connections to end", terminateName)
 	}
 
-	for _, crash := range []bool{false, true} {
-		if crash {
+	rounds := scaled(1, 3)
+	for i := range 2 * rounds {
+		if crash := i%2 == 1; crash {
 			srv.crash()
 		} else {
 			srv.stop(stopSig)
@@ -160,8 +161,8 @@ func outageScript(t *testing.T, l *outageLoad, srv *outageServer, terminate func
 		time.Sleep(time.Second)
 	}
 
-	l.finish(t, 2+terminations,
-		fmt.Sprintf("%d× %s (%d conns), 1 %s + start, 1 kill -9 + start", terminations, terminateName, terminated, stopName),
+	l.finish(t, 2*rounds+terminations,
+		fmt.Sprintf("%d× %s (%d conns), %d× %s + start, %d× kill -9 + start", terminations, terminateName, terminated, rounds, stopName, rounds),
 		fmt.Sprintf("down %s per stop", outageDownFor), recovered)
 }
 
@@ -183,7 +184,10 @@ func outageSQLite(t *testing.T) {
 	l := outageStartLoad(t, svc)
 	time.Sleep(time.Second)
 	var recovered []time.Duration
-	holds := []time.Duration{2 * time.Second, 7 * time.Second}
+	var holds []time.Duration
+	for range scaled(1, 3) {
+		holds = append(holds, 2*time.Second, 7*time.Second)
+	}
 	for _, hold := range holds {
 		// Begin is BEGIN IMMEDIATE (idemsqlite.Open): it takes the write lock.
 		tx, err := other.BeginTx(t.Context(), &sql.TxOptions{})
@@ -199,7 +203,7 @@ func outageSQLite(t *testing.T) {
 		recovered = append(recovered, l.waitOK(t, time.Now()))
 		time.Sleep(time.Second)
 	}
-	l.finish(t, len(holds), "write lock held by another connection (2s, 7s; busy timeout 5s)", "", recovered)
+	l.finish(t, len(holds), "write lock held by another connection, alternately 2s and 7s; busy timeout 5s", "", recovered)
 }
 
 // outageLoad is the clients: workers that send new keys and retry each
@@ -359,8 +363,17 @@ func (l *outageLoad) finish(t *testing.T, faults int, kind, notes string, recove
 	for _, k := range slices.Sorted(maps.Keys(l.downCodes)) {
 		down = append(down, fmt.Sprintf("%s: %d", k, l.downCodes[k]))
 	}
-	n := fmt.Sprintf("%d keys acknowledged, %d retried after the load; first 201 after each fault in %s; while down: %s; %d replays all 201 replayed",
-		len(l.acked), len(l.pending), strings.Join(rec, ", "), strings.Join(down, ", "), replays-replayBad)
+	payments, recoveredPay := 0, 0
+	for k, a := range l.acked {
+		if k.Route == inprocPayments {
+			payments++
+			if a.Body.Recovered {
+				recoveredPay++
+			}
+		}
+	}
+	n := fmt.Sprintf("%d keys acknowledged (%d payments, %d settled by the status check), %d retried after the load; first 201 after each fault in %s; while down: %s; %d replays all 201 replayed",
+		len(l.acked), payments, recoveredPay, len(l.pending), strings.Join(rec, ", "), strings.Join(down, ", "), replays-replayBad)
 	if notes != "" {
 		n += "; " + notes
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -223,28 +224,40 @@ func soakAssert(t *testing.T, dialect string, samples []soakSample) string {
 		t.Errorf("soak on %s: goroutines grew from at most %d in the first quarter to %d in the last", dialect, g0, g1)
 	}
 
-	// Heap in use after a GC: bounded growth. A kilobyte kept per request
-	// at this rate is several megabytes per quarter of the full run.
+	// Heap in use after a GC: bounded growth, half as much again plus
+	// 4 MiB. Between the first and the last quarter the bounded run sends
+	// about 1,000 requests per dialect, the full run 12,000: a leak of a few
+	// kilobytes per request fails the first, of a few hundred bytes the
+	// second.
 	h0 := soakMax(first, func(s soakSample) int { return int(s.HeapInuse) })
 	h1 := soakMax(last, func(s soakSample) int { return int(s.HeapInuse) })
-	if h1 > h0+h0/2+8<<20 {
+	if h1 > h0+h0/2+4<<20 {
 		t.Errorf("soak on %s: heap in use grew from at most %.1f MiB in the first quarter to %.1f MiB in the last", dialect, soakMiB(h0), soakMiB(h1))
 	}
 
-	// Latency: the last window's p99 against the first quarter's median
-	// p99, with a generous factor and floor for a shared 2-core machine.
-	p99s := make([]time.Duration, 0, q)
-	for _, s := range first {
-		p99s = append(p99s, s.P99)
-	}
-	slices.Sort(p99s)
-	p0 := p99s[len(p99s)/2]
-	p1 := samples[len(samples)-1].P99
+	// Latency: the median p99 of the last quarter's windows against the
+	// first quarter's, with a generous factor and floor: one window can
+	// catch a stall of the shared 2-core machine, a quarter's median cannot.
+	p0, p1 := soakMedianP99(first), soakMedianP99(last)
 	if p1 > 5*p0+200*time.Millisecond {
-		t.Errorf("soak on %s: p99 drifted from %s (first quarter's median) to %s (last window)", dialect, p0, p1)
+		var all []string
+		for _, s := range samples {
+			all = append(all, s.P99.Round(time.Millisecond).String())
+		}
+		t.Errorf("soak on %s: p99 drifted from %s (first quarter's median) to %s (last quarter's); windows: %s",
+			dialect, p0, p1, strings.Join(all, " "))
 	}
-	return fmt.Sprintf("%d samples: rows max %d in 2nd half (bound %d at %.0f new keys/s); goroutines %d→%d; heap %.1f→%.1f MiB; p99 %s→%s",
+	return fmt.Sprintf("%d samples: rows max %d in 2nd half (bound %d at %.0f new keys/s); goroutines max %d→%d, heap max %.1f→%.1f MiB, median p99 %s→%s (first→last quarter)",
 		len(samples), maxRows, rowBound, rate, g0, g1, soakMiB(h0), soakMiB(h1), p0.Round(time.Millisecond), p1.Round(time.Millisecond))
+}
+
+func soakMedianP99(ss []soakSample) time.Duration {
+	p := make([]time.Duration, 0, len(ss))
+	for _, s := range ss {
+		p = append(p, s.P99)
+	}
+	slices.Sort(p)
+	return p[len(p)/2]
 }
 
 func soakMax(ss []soakSample, f func(soakSample) int) int {
