@@ -8,7 +8,6 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -682,15 +681,15 @@ func inprocMySQLAddr(dsn string) (string, error) {
 
 // inprocIsUnavailable reports whether a is one of the answers a client may
 // get while the database is away: the middleware's 503, the business's own
-// 503, a 409 for a key whose earlier attempt still holds it, or the
-// transport failing (never seen so far: the HTTP server itself stays up).
+// 503, or a 409 for a key whose earlier attempt still holds it. A transport
+// error is not one: the HTTP server stays up through a database outage.
 func inprocIsUnavailable(a inprocAnswer) bool {
 	switch {
 	case a.Err != nil:
-		return errors.Is(a.Err, context.DeadlineExceeded)
+		return false
 	case a.Status == http.StatusServiceUnavailable:
-		return a.Code == idemhttp.CodeStoreUnavailable || a.Code == "order_unavailable" || a.Code == "payment_unavailable" ||
-			a.Code == idemhttp.CodeLeaseLost
+		return a.Code == idemhttp.CodeStoreUnavailable || a.Code == idemhttp.CodeLeaseLost ||
+			a.Code == "order_unavailable" || a.Code == "payment_unavailable"
 	case a.Status == http.StatusConflict:
 		return a.Code == idemhttp.CodeInProgress
 	}

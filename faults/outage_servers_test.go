@@ -184,9 +184,9 @@ func outageFreePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// outageTempDir makes a temporary directory outside t.TempDir (whose
-// parents are private to root, where the postgres user cannot reach) and
-// removes it when t ends, after the server is gone.
+// outageTempDir makes a temporary directory outside t.TempDir, whose
+// parents are private to root where the postgres user cannot reach them.
+// The server's cleanup removes it once the server is gone.
 func outageTempDir(t *testing.T, pattern string) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", pattern)
