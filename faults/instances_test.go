@@ -55,7 +55,7 @@ func instRun(t *testing.T, bin, dialect string) {
 
 	tenants := []string{"acme", "globex", "initech"}
 	var jobs []procJob
-	for i := range scaled(90, 3000) {
+	for i := range scaled(150, 3000) {
 		tenant := tenants[i%len(tenants)]
 		if i%4 == 3 {
 			jobs = append(jobs, procJob{path: "/payments", tenant: tenant, key: fmt.Sprintf("inst-pay-%05d", i),
@@ -108,7 +108,7 @@ func instRun(t *testing.T, bin, dialect string) {
 		Duplicates: v.duplicates,
 		Lost:       v.lost,
 		Codes:      y.codes,
-		Notes:      fmt.Sprintf("%d instances, %d intents (%d payments), client timeouts 20–400ms, %s", n, len(jobs), len(jobs)/4, time.Since(start).Round(time.Second)),
+		Notes:      fmt.Sprintf("%d instances, %d intents (%d payments), client timeouts 20–400ms, %s", n, len(jobs), v.payments, time.Since(start).Round(time.Second)),
 	})
 	require.Empty(t, y.unexpected)
 }

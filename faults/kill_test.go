@@ -77,7 +77,7 @@ func killStages(t *testing.T, bin, dialect string) {
 	y := newProcTally()
 	var jobs []procJob
 	kills := 0
-	for i := range scaled(1, 25) {
+	for i := range scaled(2, 25) {
 		for _, s := range killStageList {
 			j := procJob{path: s.path, tenant: "acme", key: fmt.Sprintf("kill-%s-%03d", s.name, i)}
 			j.body = fmt.Sprintf(`{"sku":"sku-%d","qty":1,"amount_cents":%d}`, i, 100+i)
@@ -167,15 +167,17 @@ func killRandom(t *testing.T, bin, dialect string) {
 		return out
 	}
 
-	var jobs []procJob
-	for i := range scaled(120, 3000) {
+	// The intents: a third of them payments. The feeder keeps sending new
+	// ones until the killer is done and at least minIntents were sent, so
+	// that every kill lands under load.
+	minIntents := scaled(200, 4000)
+	intent := func(i int) procJob {
 		if i%3 == 2 {
-			jobs = append(jobs, procJob{path: "/payments", tenant: "acme", key: fmt.Sprintf("rnd-pay-%05d", i),
-				body: fmt.Sprintf(`{"amount_cents":%d}`, 100+i)})
-			continue
+			return procJob{path: "/payments", tenant: "acme", key: fmt.Sprintf("rnd-pay-%05d", i),
+				body: fmt.Sprintf(`{"amount_cents":%d}`, 100+i)}
 		}
-		jobs = append(jobs, procJob{path: "/orders", tenant: "acme", key: fmt.Sprintf("rnd-order-%05d", i),
-			body: fmt.Sprintf(`{"sku":"sku-%d","qty":1,"amount_cents":%d}`, i, 100+i)})
+		return procJob{path: "/orders", tenant: "acme", key: fmt.Sprintf("rnd-order-%05d", i),
+			body: fmt.Sprintf(`{"sku":"sku-%d","qty":1,"amount_cents":%d}`, i, 100+i)}
 	}
 
 	y := newProcTally()
@@ -190,18 +192,16 @@ func killRandom(t *testing.T, bin, dialect string) {
 		})
 	}
 
-	// The killer: SIGKILL a random instance, restart it at once, pause,
-	// again, until the kills are done or the clients have nothing left.
+	// The killer: SIGKILL a random instance, restart it at once, pause a
+	// random 100–500ms, again.
 	var kills atomic.Int64
-	stopKiller := make(chan struct{})
 	killerDone := make(chan struct{})
 	go func() {
 		defer close(killerDone)
-		for range scaled(5, 150) {
-			select {
-			case <-stopKiller:
+		for range scaled(10, 200) {
+			time.Sleep(100*time.Millisecond + rand.N(400*time.Millisecond))
+			if t.Context().Err() != nil {
 				return
-			case <-time.After(100*time.Millisecond + rand.N(400*time.Millisecond)):
 			}
 			i := rand.IntN(2)
 			mu.Lock()
@@ -209,19 +209,32 @@ func killRandom(t *testing.T, bin, dialect string) {
 			mu.Unlock()
 			victim.kill()
 			kills.Add(1)
-			next := procStart(t, bin, args...)
+			next, err := procTryStart(t, bin, args...)
+			if err != nil {
+				t.Errorf("restart after kill %d: %v", kills.Load(), err)
+				return
+			}
 			mu.Lock()
 			instances[i] = next
 			mu.Unlock()
 		}
 	}()
-	for _, j := range jobs {
+	var jobs []procJob
+feed:
+	for i := 0; ; i++ {
+		if i >= minIntents {
+			select {
+			case <-killerDone:
+				break feed
+			default:
+			}
+		}
+		j := intent(i)
+		jobs = append(jobs, j)
 		work <- j
 	}
 	close(work)
 	clients.Wait()
-	close(stopKiller)
-	<-killerDone
 
 	v := y.check(t, db, prov, jobs)
 	report(t, outcome{
@@ -233,6 +246,7 @@ func killRandom(t *testing.T, bin, dialect string) {
 		Duplicates: v.duplicates,
 		Lost:       v.lost,
 		Codes:      y.codes,
-		Notes:      fmt.Sprintf("2 instances under load, %d intents (%d payments), lease 2s, %s", len(jobs), len(jobs)/3, time.Since(start).Round(time.Second)),
+		Notes: fmt.Sprintf("2 instances under load, %d intents (%d payments, %d of them recovered by the status check), lease 2s, %s",
+			len(jobs), v.payments, v.recovered, time.Since(start).Round(time.Second)),
 	})
 }

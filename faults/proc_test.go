@@ -301,13 +301,25 @@ var procReadyLine = regexp.MustCompile(`^orders: serving on (http://\S+) `)
 // test leaves no orphan behind.
 func procStart(t *testing.T, bin string, args ...string) *procInstance {
 	t.Helper()
+	p, err := procTryStart(t, bin, args...)
+	require.NoError(t, err)
+	return p
+}
+
+// procTryStart is procStart for goroutines other than the test's, which
+// must not call t.FailNow.
+func procTryStart(t *testing.T, bin string, args ...string) (*procInstance, error) {
 	//nolint:gosec // G204: the binary this test built, with the test's own arguments
 	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
 	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
+	if err != nil {
+		return nil, fmt.Errorf("stdout pipe: %w", err)
+	}
 	p := &procInstance{cmd: cmd, done: make(chan struct{}), logs: &procLog{}}
 	cmd.Stderr = p.logs
-	require.NoError(t, cmd.Start())
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start orders: %w", err)
+	}
 	t.Cleanup(func() { p.kill() })
 	ready := make(chan string, 1)
 	go func() {
@@ -326,14 +338,16 @@ func procStart(t *testing.T, bin string, args ...string) *procInstance {
 	select {
 	case line := <-ready:
 		m := procReadyLine.FindStringSubmatch(line)
-		require.NotNil(t, m, "ready line %q; stderr: %s", line, p.logs)
+		if m == nil {
+			return nil, fmt.Errorf("ready line %q; stderr: %s", line, p.logs)
+		}
 		p.base = m[1]
+		return p, nil
 	case <-p.done:
-		t.Fatalf("orders exited before serving: %v; stderr: %s", cmd.ProcessState, p.logs)
+		return nil, fmt.Errorf("orders exited before serving: %v; stderr: %s", cmd.ProcessState, p.logs)
 	case <-time.After(30 * time.Second):
-		t.Fatalf("orders did not serve within 30s; stderr: %s", p.logs)
+		return nil, fmt.Errorf("orders did not serve within 30s; stderr: %s", p.logs)
 	}
-	return p
 }
 
 // kill sends SIGKILL (kill -9) and waits for the process to be gone.
@@ -476,6 +490,10 @@ type procPay struct {
 // procVerdict is what the checks of a scenario's end found.
 type procVerdict struct {
 	duplicates, lost int
+	// recovered counts the payments answered with the charge the status
+	// check found at the provider (their holder was killed after charging).
+	recovered int
+	payments  int // payment intents
 }
 
 // check verifies the invariants over everything y saw and the database
@@ -522,7 +540,11 @@ func (y *procTally) check(t *testing.T, db *procDB, prov *procProvider, jobs []p
 			continue
 		}
 		tk := procTK{j.tenant, j.key}
+		if j.path == "/payments" {
+			v.payments++
+		}
 		if got.Recovered {
+			v.recovered++
 			// A payment recovered by the status check has no row; the
 			// provider must hold the very charge answered.
 			c, _, ok := prov.lookup(tk)
