@@ -55,7 +55,7 @@ func instRun(t *testing.T, bin, dialect string) {
 
 	tenants := []string{"acme", "globex", "initech"}
 	var jobs []procJob
-	for i := range scaled(150, 3000) {
+	for i := range scaled(150, 5000) {
 		tenant := tenants[i%len(tenants)]
 		if i%4 == 3 {
 			jobs = append(jobs, procJob{path: "/payments", tenant: tenant, key: fmt.Sprintf("inst-pay-%05d", i),

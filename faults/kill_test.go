@@ -77,7 +77,7 @@ func killStages(t *testing.T, bin, dialect string) {
 	y := newProcTally()
 	var jobs []procJob
 	kills := 0
-	for i := range scaled(2, 25) {
+	for i := range scaled(2, 30) {
 		for _, s := range killStageList {
 			j := procJob{path: s.path, tenant: "acme", key: fmt.Sprintf("kill-%s-%03d", s.name, i)}
 			j.body = fmt.Sprintf(`{"sku":"sku-%d","qty":1,"amount_cents":%d}`, i, 100+i)
@@ -170,7 +170,7 @@ func killRandom(t *testing.T, bin, dialect string) {
 	// The intents: a third of them payments. The feeder keeps sending new
 	// ones until the killer is done and at least minIntents were sent, so
 	// that every kill lands under load.
-	minIntents := scaled(200, 4000)
+	minIntents := scaled(200, 5000)
 	intent := func(i int) procJob {
 		if i%3 == 2 {
 			return procJob{path: "/payments", tenant: "acme", key: fmt.Sprintf("rnd-pay-%05d", i),
@@ -198,7 +198,7 @@ func killRandom(t *testing.T, bin, dialect string) {
 	killerDone := make(chan struct{})
 	go func() {
 		defer close(killerDone)
-		for range scaled(10, 200) {
+		for range scaled(10, 300) {
 			time.Sleep(100*time.Millisecond + rand.N(400*time.Millisecond))
 			if t.Context().Err() != nil {
 				return

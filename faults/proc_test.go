@@ -311,6 +311,7 @@ func procStart(t *testing.T, bin string, args ...string) *procInstance {
 func procTryStart(t *testing.T, bin string, args ...string) (*procInstance, error) {
 	//nolint:gosec // G204: the binary this test built, with the test's own arguments
 	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
+	procOrphanGuard(cmd)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, fmt.Errorf("stdout pipe: %w", err)
