@@ -583,3 +583,27 @@ func procRetryUntilCreated(ctx context.Context, y *procTally, bases func() []str
 		time.Sleep(10*time.Millisecond + rand.N(60*time.Millisecond))
 	}
 }
+
+// procLogFailures logs, once t has failed, the lines of the instances'
+// logs that tell of a request whose handler ran and did not complete
+// (rolled back, lease lost, store failing after the handler ran), to show
+// where it went wrong. The logs carry key digests only.
+func procLogFailures(t *testing.T, insts []*procInstance) {
+	t.Helper()
+	if !t.Failed() {
+		return
+	}
+	shown := 0
+	for i, p := range insts {
+		for line := range strings.Lines(p.logs.String()) {
+			ranLeased := strings.Contains(line, " attempt=") && !strings.Contains(line, "outcome=completed ") && !strings.Contains(line, "outcome=replayed ")
+			if !ranLeased && !strings.Contains(line, "outcome=rolled_back") && !strings.Contains(line, "outcome=lease_lost") {
+				continue
+			}
+			if shown++; shown > 40 {
+				return
+			}
+			t.Logf("instance %d: %s", i, strings.TrimSpace(line))
+		}
+	}
+}
