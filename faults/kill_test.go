@@ -74,6 +74,8 @@ func killStages(t *testing.T, bin, dialect string) {
 		"-reap-interval", "1h",
 	}
 	inst := procStart(t, bin, args...)
+	started := []*procInstance{inst}
+	defer func() { procLogFailures(t, started) }()
 	y := newProcTally()
 	var jobs []procJob
 	kills := 0
@@ -92,6 +94,7 @@ func killStages(t *testing.T, bin, dialect string) {
 			require.True(t, inst.diedOfSIGKILL(), "%s: the process must have killed itself", s.name)
 			kills++
 			inst = procStart(t, bin, args...)
+			started = append(started, inst)
 
 			// Retry as a client would, until an answer that is not
 			// "try again": before the lease runs out the payments get 409
@@ -157,6 +160,7 @@ func killRandom(t *testing.T, bin, dialect string) {
 	}
 	var mu sync.Mutex
 	instances := []*procInstance{procStart(t, bin, args...), procStart(t, bin, args...)}
+	started := append([]*procInstance(nil), instances...) // every process, killed or not, for procLogFailures
 	bases := func() []string {
 		mu.Lock()
 		defer mu.Unlock()
@@ -216,6 +220,7 @@ func killRandom(t *testing.T, bin, dialect string) {
 			}
 			mu.Lock()
 			instances[i] = next
+			started = append(started, next)
 			mu.Unlock()
 		}
 	}()
@@ -249,4 +254,5 @@ feed:
 		Notes: fmt.Sprintf("2 instances under load, %d intents (%d payments, %d of them recovered by the status check), lease 2s, %s",
 			len(jobs), v.payments, v.recovered, time.Since(start).Round(time.Second)),
 	})
+	procLogFailures(t, started) // the killer is done: nobody appends any more
 }
