@@ -75,17 +75,19 @@ func instRun(t *testing.T, bin, dialect string) {
 		wg.Go(func() {
 			for j := range work {
 				// One intent in three is sent two or three times at once,
-				// each copy retrying on its own, as clients that double
-				// submit or run behind a retrying proxy do.
+				// the copies first to different instances, then each
+				// retrying on its own, as clients that double submit or
+				// run behind a retrying proxy do.
 				copies := 1
 				if rand.IntN(3) == 0 {
 					copies = 2 + rand.IntN(2)
 					duplicates.Add(int64(copies - 1))
 				}
 				var c sync.WaitGroup
-				for range copies {
+				offset := rand.IntN(n)
+				for i := range copies {
 					c.Go(func() {
-						procRetryUntilCreated(t.Context(), y, bases, j, 20*time.Millisecond, 400*time.Millisecond, deadline)
+						procRetryUntilCreated(t.Context(), y, bases, j, offset+i, 20*time.Millisecond, 400*time.Millisecond, deadline)
 					})
 				}
 				c.Wait()

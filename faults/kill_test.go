@@ -191,7 +191,7 @@ func killRandom(t *testing.T, bin, dialect string) {
 	for range scaled(6, 12) {
 		clients.Go(func() {
 			for j := range work {
-				procRetryUntilCreated(t.Context(), y, bases, j, 200*time.Millisecond, time.Second, deadline)
+				procRetryUntilCreated(t.Context(), y, bases, j, -1, 200*time.Millisecond, time.Second, deadline)
 			}
 		})
 	}

@@ -566,14 +566,18 @@ func (y *procTally) check(t *testing.T, db *procDB, prov *procProvider, jobs []p
 	return v
 }
 
-// procRetryUntilCreated sends j to a random instance from bases until it
-// gets a 201 or deadline passes, with a client timeout drawn from
+// procRetryUntilCreated sends j to instance first (mod the number of
+// instances; -1: a random one), then to random instances, until it gets a
+// 201 or deadline passes, with a client timeout drawn from
 // [minTimeout, maxTimeout) each time (short ones make retries while the
 // original still runs) and a short pause after retryable answers.
-func procRetryUntilCreated(ctx context.Context, y *procTally, bases func() []string, j procJob, minTimeout, maxTimeout time.Duration, deadline time.Time) {
+func procRetryUntilCreated(ctx context.Context, y *procTally, bases func() []string, j procJob, first int, minTimeout, maxTimeout time.Duration, deadline time.Time) {
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		all := bases()
 		base := all[rand.IntN(len(all))]
+		if first >= 0 {
+			base, first = all[first%len(all)], -1
+		}
 		timeout := minTimeout + rand.N(maxTimeout-minTimeout)
 		a := procSend(ctx, base, j.path, j.tenant, j.key, j.body, "", timeout)
 		y.add(j, a)
