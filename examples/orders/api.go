@@ -96,6 +96,7 @@ func (a *api[TTx]) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusInternalServerError, "internal_error", "The order could not be saved.")
 		return
 	}
+	crashAt(ctx, crashAfterClaim) // test aid, see faults.go: the claim and the order are written, not committed
 	w.Header().Set("Location", fmt.Sprintf("/orders/%d", o.ID))
 	writeJSON(w, http.StatusCreated, o)
 }

@@ -163,7 +163,7 @@ func newDatabase[TTx any](dialect, describe string, d idem.Dialect[TTx], orders 
 		describe: describe,
 		close:    closeFn,
 		service: func(ctx context.Context, o *options, logger *slog.Logger) (*service, error) {
-			prov := newProvider(o.providerDelay)
+			prov := newProvider(o.providerDelay, o.providerURL)
 			store, err := idem.New(d, &idem.Config{
 				LeaseDuration: o.lease,
 				Retention:     o.retention,

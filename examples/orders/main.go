@@ -23,6 +23,20 @@
 // provider is called, and the store's StatusCheck asks the provider about a
 // holder that crashed.
 //
+// Two flags exist for the fault suite (faults/) and nothing else:
+//
+//	-provider-url URL   POST /payments charges an outside provider at URL
+//	                    (POST URL/charges and POST URL/charges/lookup, JSON
+//	                    {"key": ..., "amount_cents": N}; see payments.go)
+//	                    instead of the in-memory fake, so that its charges
+//	                    survive a crash of this process and the StatusCheck
+//	                    of the restarted process can find them.
+//	-fault-injection    TEST AID, off by default, never for production: a
+//	                    request with X-Fault-Crash: before-claim, after-claim,
+//	                    after-commit, before-provider-call or
+//	                    during-provider-call makes the process SIGKILL itself
+//	                    at that stage (see faults.go).
+//
 // Try it with curl while it serves:
 //
 //	curl -i -X POST localhost:8080/orders -H 'X-Tenant-ID: acme' \
@@ -71,7 +85,11 @@ type options struct {
 	handlerDelay time.Duration
 	// providerDelay is how long the fake payment provider takes to charge.
 	providerDelay time.Duration
-	demo          bool
+	// providerURL is an outside payment provider; empty: in memory.
+	providerURL string
+	// faultInjection enables the X-Fault-Crash header (faults.go), a test aid.
+	faultInjection bool
+	demo           bool
 	// set records the flags given on the command line.
 	set map[string]bool
 }
@@ -88,6 +106,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.reapInterval, "reap-interval", time.Minute, "how often the reaper deletes expired records")
 	fs.DurationVar(&o.handlerDelay, "handler-delay", 0, "how long POST /orders sleeps inside its transaction, to make in-flight duplicates easy to see")
 	fs.DurationVar(&o.providerDelay, "provider-delay", 0, "how long the fake payment provider of POST /payments takes to charge")
+	fs.StringVar(&o.providerURL, "provider-url", "", "base URL of an outside payment provider for POST /payments (POST /charges, POST /charges/lookup);\nempty: a fake provider in this process's memory, which forgets its charges when the process dies")
+	fs.BoolVar(&o.faultInjection, "fault-injection", false, "TEST AID, never in production: honour the X-Fault-Crash request header, which kills the process (SIGKILL) at a chosen stage")
 	fs.BoolVar(&o.demo, "demo", false, "serve on a random local port, play a scripted client against it, print a table, and exit;\n-wait-timeout defaults to 300ms (1s on MySQL), -handler-delay to 500ms more, -provider-delay to 500ms")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -132,7 +152,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: svc.handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	handler := svc.handler
+	if o.faultInjection {
+		handler = withFaultInjection(handler)
+		logger.Warn("orders: fault injection is on: X-Fault-Crash kills this process")
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -296,4 +297,129 @@ func TestShutdownOnSignal(t *testing.T) {
 			require.NoDirExists(t, filepath.Dir(dbPath), "the temporary database is removed")
 		})
 	}
+}
+
+// startOrders runs the service in this process with args and returns its
+// base URL; it stops when t ends.
+func startOrders(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"-addr", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "orders.db")}, args...), pw, io.Discard)
+		_ = pw.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	lines := bufio.NewScanner(pr)
+	require.True(t, lines.Scan(), "the ready line")
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	m := regexp.MustCompile(`^orders: serving on (http://\S+) `).FindStringSubmatch(lines.Text())
+	require.NotNil(t, m, lines.Text())
+	return m[1]
+}
+
+// TestFaultInjectionSwitch checks that X-Fault-Crash does nothing without
+// -fault-injection (were it honoured, this test binary would die), and
+// that with it an unknown stage is refused.
+func TestFaultInjectionSwitch(t *testing.T) {
+	t.Parallel()
+	post := func(base, stage, key string) (*http.Response, []byte) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/orders", strings.NewReader(`{"sku":"tea","qty":1,"amount_cents":100}`))
+		require.NoError(t, err)
+		req.Header.Set("X-Tenant-ID", "acme")
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set(crashHeader, stage)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, body
+	}
+	off := startOrders(t)
+	for _, stage := range []string{crashBeforeClaim, crashAfterClaim, crashAfterCommit} {
+		resp, body := post(off, stage, "fault-off-"+stage)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "%s: %s", stage, body)
+	}
+	on := startOrders(t, "-fault-injection")
+	resp, body := post(on, "after-lunch", "fault-on-unknown")
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	require.Contains(t, string(body), "fault_stage_unknown")
+	resp, body = post(on, "", "fault-on-none")
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "no header, no crash: %s", body)
+}
+
+// TestOutsideProvider runs POST /payments against -provider-url: the
+// charge is made there, once, and its id is what the payment records.
+func TestOutsideProvider(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	calls := map[string]int{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /charges", func(w http.ResponseWriter, r *http.Request) {
+		var in providerRequest
+		require.NoError(t, json.NewDecoder(r.Body).Decode(&in))
+		mu.Lock()
+		calls[in.Key]++
+		mu.Unlock()
+		_ = json.NewEncoder(w).Encode(charge{ID: "ch_outside", AmountCents: in.AmountCents})
+	})
+	mux.HandleFunc("POST /charges/lookup", func(w http.ResponseWriter, r *http.Request) {
+		var in providerRequest
+		require.NoError(t, json.NewDecoder(r.Body).Decode(&in))
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case in.Key == "broken":
+			http.Error(w, "down", http.StatusInternalServerError)
+		case calls[in.Key] == 0:
+			http.NotFound(w, r)
+		default:
+			_ = json.NewEncoder(w).Encode(charge{ID: "ch_outside", AmountCents: 4200})
+		}
+	})
+	provider := httptest.NewServer(mux)
+	t.Cleanup(provider.Close)
+	base := startOrders(t, "-provider-url", provider.URL)
+	for range 2 {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/payments", strings.NewReader(`{"amount_cents":4200}`))
+		require.NoError(t, err)
+		req.Header.Set("X-Tenant-ID", "acme")
+		req.Header.Set("Idempotency-Key", "outside-provider-1")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
+		require.Contains(t, string(body), `"charge_id":"ch_outside"`)
+	}
+	mu.Lock()
+	keys := make([]string, 0, len(calls))
+	for key, n := range calls {
+		keys = append(keys, key)
+		assert.Equal(t, 1, n, "charged once; the retry replayed")
+	}
+	mu.Unlock()
+	require.Len(t, keys, 1)
+
+	// The status check's lookup: 200 is the charge, 404 no charge, anything
+	// else an error (the verdict stays unknown).
+	p := newProvider(0, provider.URL)
+	for _, key := range keys {
+		c, found, err := p.lookup(t.Context(), key)
+		require.NoError(t, err)
+		require.True(t, found)
+		require.Equal(t, "ch_outside", c.ID)
+	}
+	_, found, err := p.lookup(t.Context(), "no-such-key")
+	require.NoError(t, err)
+	require.False(t, found)
+	_, _, err = p.lookup(t.Context(), "broken")
+	require.Error(t, err)
 }

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -21,9 +23,14 @@ import (
 
 // provider is a fake payment provider. Like a real one, it deduplicates
 // charges on the idempotency key it is given: charging a key twice returns
-// the first charge.
+// the first charge. It lives in this process's memory, unless url is set
+// (-provider-url): then it is a client of an outside provider that speaks
+// the protocol of remoteCharge and remoteLookup, which survives a crash of
+// this process (the fault suite runs one).
 type provider struct {
 	delay   time.Duration // how long a charge takes (-provider-delay)
+	url     string        // the outside provider's base URL; empty: in memory
+	client  *http.Client
 	mu      sync.Mutex
 	charges map[string]charge
 	calls   int // charge calls, deduplicated or not
@@ -35,8 +42,8 @@ type charge struct {
 	AmountCents int64  `json:"amount_cents"`
 }
 
-func newProvider(delay time.Duration) *provider {
-	return &provider{delay: delay, charges: map[string]charge{}}
+func newProvider(delay time.Duration, url string) *provider {
+	return &provider{delay: delay, url: strings.TrimSuffix(url, "/"), client: &http.Client{Timeout: 10 * time.Second}, charges: map[string]charge{}}
 }
 
 // charge charges amount under key, or returns the charge already made
@@ -48,13 +55,23 @@ func (p *provider) charge(ctx context.Context, key string, amount int64) (charge
 		return charge{}, context.Cause(ctx)
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.calls++
+	p.mu.Unlock()
+	if p.url != "" {
+		c, err := p.remoteCharge(ctx, key, amount)
+		if err == nil {
+			crashAt(ctx, crashDuringProviderCall) // test aid, see faults.go
+		}
+		return c, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	c, ok := p.charges[key]
 	if !ok {
 		c = charge{ID: "ch_" + randomHex(8), AmountCents: amount}
 		p.charges[key] = c
 	}
+	crashAt(ctx, crashDuringProviderCall) // test aid, see faults.go
 	return c, nil
 }
 
@@ -66,11 +83,66 @@ func (p *provider) callCount() int {
 }
 
 // lookup returns the charge made under key, if any.
-func (p *provider) lookup(key string) (charge, bool) {
+func (p *provider) lookup(ctx context.Context, key string) (charge, bool, error) {
+	if p.url != "" {
+		return p.remoteLookup(ctx, key)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c, ok := p.charges[key]
-	return c, ok
+	return c, ok, nil
+}
+
+// providerRequest is the body of both calls to an outside provider. The key
+// travels in the body, not the URL, so that it stays out of access logs.
+type providerRequest struct {
+	Key         string `json:"key"`
+	AmountCents int64  `json:"amount_cents,omitempty"`
+}
+
+// remoteCharge is POST {url}/charges {"key": k, "amount_cents": n} → 200
+// and the charge, the first one made under k if there was one.
+func (p *provider) remoteCharge(ctx context.Context, key string, amount int64) (charge, error) {
+	c, found, err := p.post(ctx, "/charges", providerRequest{Key: key, AmountCents: amount})
+	if err == nil && !found {
+		err = errors.New("provider: charge not found after charging")
+	}
+	return c, err
+}
+
+// remoteLookup is POST {url}/charges/lookup {"key": k} → 200 and the
+// charge made under k, or 404 if none was.
+func (p *provider) remoteLookup(ctx context.Context, key string) (charge, bool, error) {
+	return p.post(ctx, "/charges/lookup", providerRequest{Key: key})
+}
+
+func (p *provider) post(ctx context.Context, path string, in providerRequest) (charge, bool, error) {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return charge{}, false, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url+path, bytes.NewReader(body))
+	if err != nil {
+		return charge{}, false, fmt.Errorf("provider: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return charge{}, false, fmt.Errorf("provider: %w", err)
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+		var c charge
+		if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
+			return charge{}, false, fmt.Errorf("provider: decode %s: %w", path, err)
+		}
+		return c, true, nil
+	case http.StatusNotFound:
+		return charge{}, false, nil
+	default:
+		return charge{}, false, fmt.Errorf("provider: %s answered %d", path, resp.StatusCode)
+	}
 }
 
 // providerKey is the idempotency key the service gives the provider: the
@@ -86,13 +158,16 @@ const paymentsRoute = " POST /payments"
 // the holder of a POST /payments key whose lease ran out (a crashed
 // process) charged. The recovered response carries the charge; the payment
 // row, if the holder never wrote it, is for reconciliation to add.
-func (p *provider) paymentStatus(_ context.Context, rec idem.Record) (idem.Verdict, error) {
+func (p *provider) paymentStatus(ctx context.Context, rec idem.Record) (idem.Verdict, error) {
 	if !strings.HasSuffix(rec.Scope, paymentsRoute) {
 		// POST /orders claims inside its transaction: its records never
 		// outlive their holder while processing.
 		return idem.Unknown(), nil
 	}
-	c, ok := p.lookup(providerKey(rec.Scope, rec.Key))
+	c, ok, err := p.lookup(ctx, providerKey(rec.Scope, rec.Key))
+	if err != nil {
+		return idem.Unknown(), fmt.Errorf("look the charge up: %w", err)
+	}
 	if !ok {
 		return idem.NotCommitted(), nil
 	}
@@ -146,6 +221,7 @@ func (a *api[TTx]) pay(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusUnprocessableEntity, "validation_failed", "amount_cents must be positive.")
 		return
 	}
+	crashAt(ctx, crashBeforeProviderCall) // test aid, see faults.go
 	// The provider deduplicates on the key, so a second attempt after a
 	// crash (or after this request is released and retried) never charges
 	// twice.
@@ -157,7 +233,16 @@ func (a *api[TTx]) pay(w http.ResponseWriter, r *http.Request) {
 	}
 	tx, ok := idemhttp.Tx[TTx](ctx)
 	if !ok {
-		writeError(w, r, http.StatusServiceUnavailable, "database_unavailable", "The payment could not be recorded.")
+		// The provider has charged, and the charge cannot be recorded (no
+		// transaction: the store is failing, or the lease was lost). A
+		// failure answered here would not be final, so idemhttp would
+		// release the key and a retry would call the provider again. A
+		// success tells it that something that must stand happened: it
+		// cannot store it either, so it answers 503 and keeps the record
+		// processing until, once the lease ran out, the status check finds
+		// the charge. The fault suite saw the second provider call on
+		// SQLite under write contention (docs/reliability.md, section 1).
+		writeJSON(w, http.StatusCreated, c)
 		return
 	}
 	p := &payment{
