@@ -51,6 +51,9 @@ type options[TTx any] struct {
 	outer func(http.Handler) http.Handler
 	// unreachable serves a store whose database cannot be reached.
 	unreachable bool
+	// wrapDialect, when set, wraps the namespace's dialect (to inject
+	// failures into one of its methods).
+	wrapDialect func(idem.Dialect[TTx]) idem.Dialect[TTx]
 }
 
 // setup opens a fresh namespace (unless unreachable) and serves it.
@@ -64,6 +67,9 @@ func setup[TTx any](t *testing.T, h harness[TTx], o options[TTx]) *bundle[TTx] {
 	} else {
 		b.ns = h.open(t)
 		d = b.ns.dialect
+	}
+	if o.wrapDialect != nil {
+		d = o.wrapDialect(d)
 	}
 	icfg := idem.Config{}
 	if o.idemCfg != nil {

@@ -122,12 +122,12 @@ func (l *leasedRun[TTx]) finish(w http.ResponseWriter, rq *request, cw *capture,
 		m.failLeaseLost(w, rq)
 	case l.beginErr != nil:
 		// The handler asked for its transaction and the store could not
-		// begin one. A failure that is not final gives the key up; a
-		// response that should be stored cannot be, so the record stays
-		// processing and, once the lease ran out, the status check decides.
-		if !storable {
-			_ = l.release()
-		}
+		// begin one. In this mode the transaction comes after the outside
+		// call, so that call may have happened whatever the handler then
+		// answered (typically the 503 of a handler whose Tx failed): the
+		// key is not given up, or a retry would call the outside system
+		// again. The record stays processing and, once the lease ran out,
+		// the status check decides.
 		m.failUnavailable(w, rq)
 	case !storable:
 		l.rollback(tx, begun)

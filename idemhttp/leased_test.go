@@ -34,6 +34,7 @@ func leasedCases[TTx any]() []testCase[TTx] {
 		{"LeasedLostWhileRunning", testLeasedLostWhileRunning[TTx]},
 		{"LeasedPanic", testLeasedPanic[TTx]},
 		{"LeasedStoreFailures", testLeasedStoreFailures[TTx]},
+		{"LeasedBeginFails", testLeasedBeginFails[TTx]},
 	}
 }
 
@@ -588,4 +589,60 @@ func testLeasedStoreFailures[TTx any](t *testing.T, h harness[TTx]) {
 	require.NoError(t, err)
 	require.Greater(t, secs, 20, "the lease's time left")
 	require.Equal(t, 1, p.count(key))
+}
+
+// beginFailingDialect is a dialect whose Begin fails while failBegin is set,
+// as when SQLite's write lock stays taken past the busy timeout or the
+// connection pool is exhausted.
+type beginFailingDialect[TTx any] struct {
+	idem.Dialect[TTx]
+	failBegin *atomic.Bool
+}
+
+func (d beginFailingDialect[TTx]) Begin(ctx context.Context) (TTx, error) {
+	if d.failBegin.Load() {
+		var zero TTx
+		return zero, fmt.Errorf("begin: %w", idem.ErrStoreUnavailable)
+	}
+	return d.Dialect.Begin(ctx)
+}
+
+// The fault suite found it: the handler charged the provider, its Tx could
+// not begin, it answered 503 as documented, and the key was released, so
+// the retry charged again. The outside call comes before Tx in this mode,
+// so a failed begin must keep the key for the status check.
+func testLeasedBeginFails[TTx any](t *testing.T, h harness[TTx]) {
+	p := newProvider()
+	var failBegin atomic.Bool
+	b := setup(t, h, options[TTx]{
+		cfg:     leasedConfig(),
+		idemCfg: &idem.Config{StatusCheck: p.statusCheck},
+		wrapDialect: func(d idem.Dialect[TTx]) idem.Dialect[TTx] {
+			return beginFailingDialect[TTx]{Dialect: d, failBegin: &failBegin}
+		},
+		handler: func(b *bundle[TTx], w http.ResponseWriter, r *http.Request, _ TTx, _ bool) {
+			key, _ := idemhttp.Key(r.Context())
+			p.charge(key)
+			if _, ok := idemhttp.Tx[TTx](r.Context()); !ok {
+				http.Error(w, "the payment could not be recorded", http.StatusServiceUnavailable)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		},
+	})
+	key := newKey()
+	failBegin.Store(true)
+	r := b.post(t, key, orderBody)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.body)
+	require.Equal(t, idemhttp.CodeStoreUnavailable, r.code(t))
+	rec, err := b.store.Get(t.Context(), payScope, key)
+	require.NoError(t, err)
+	require.Equal(t, idem.StatusProcessing, rec.Status, "kept for the status check, not released")
+
+	failBegin.Store(false)
+	r = b.post(t, key, orderBody)
+	require.Equal(t, http.StatusConflict, r.status, "%s", r.body)
+	require.Equal(t, idemhttp.CodeInProgress, r.code(t))
+	require.Equal(t, 1, p.count(key), "the retry must not charge again")
+	require.EqualValues(t, 1, b.calls.Load())
 }

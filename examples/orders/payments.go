@@ -233,16 +233,12 @@ func (a *api[TTx]) pay(w http.ResponseWriter, r *http.Request) {
 	}
 	tx, ok := idemhttp.Tx[TTx](ctx)
 	if !ok {
-		// The provider has charged, and the charge cannot be recorded (no
-		// transaction: the store is failing, or the lease was lost). A
-		// failure answered here would not be final, so idemhttp would
-		// release the key and a retry would call the provider again. A
-		// success tells it that something that must stand happened: it
-		// cannot store it either, so it answers 503 and keeps the record
-		// processing until, once the lease ran out, the status check finds
-		// the charge. The fault suite saw the second provider call on
-		// SQLite under write contention (docs/reliability.md, section 1).
-		writeJSON(w, http.StatusCreated, c)
+		// The provider has charged and the charge cannot be recorded (the
+		// store is failing, or the lease was lost). idemhttp keeps the key
+		// processing whatever is answered here, so no retry calls the
+		// provider again before the status check, once the lease ran out,
+		// has found the charge.
+		writeError(w, r, http.StatusServiceUnavailable, "payment_unrecorded", "The payment could not be recorded yet; retry later with the same key.")
 		return
 	}
 	p := &payment{
