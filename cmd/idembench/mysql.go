@@ -80,7 +80,9 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			if err != nil {
 				return false, err
 			}
-			db, err := mysqlDB(ctx, base, ns, 1)
+			// Migrate holds its lock on one connection and migrates on
+			// another: a pool of one would wait for itself forever.
+			db, err := mysqlDB(ctx, base, ns, 2)
 			if err != nil {
 				return false, err
 			}

@@ -21,7 +21,12 @@ func runBackend[TTx any](ctx context.Context, cfg *config, b *backend[TTx], log 
 
 	// Main namespace: created for this run, dropped at the end unless -keep.
 	ns := "idembench_" + cfg.runID
-	if _, err := b.create(ctx, ns); err != nil {
+	// A bounded setup: Migrate takes a server-wide lock on MySQL, and a
+	// tool stuck holding it would stall every other migration on the server.
+	setupCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	_, err = b.create(setupCtx, ns)
+	cancel()
+	if err != nil {
 		return nil, fmt.Errorf("create namespace: %w", err)
 	}
 	res.Namespaces = append(res.Namespaces, ns)
