@@ -84,6 +84,9 @@ func (h *histogram) quantile(q float64) time.Duration {
 	}
 	rank := uint64(math.Ceil(q * float64(h.total)))
 	rank = min(max(rank, 1), h.total)
+	if rank == h.total {
+		return time.Duration(h.max) // the maximum is known exactly
+	}
 	var seen uint64
 	for i, c := range h.counts {
 		seen += c

@@ -38,7 +38,7 @@
 // Each dialect works in a namespace of its own (a schema on PostgreSQL, a
 // database on MariaDB, a file on SQLite) migrated with the shipped
 // migrations and dropped at the end unless -keep. Before every measurement
-// the tables are emptied and 1000 completed records put back, as
+// the tables are emptied and -seeds completed records put back, as
 // BenchmarkIdem does. The prefilled namespace is filled in the server
 // (generate_series, MariaDB's SEQUENCE engine, a recursive CTE); with
 // -reuse-prefill it is named after its size, kept, and reused by later runs.
@@ -86,6 +86,7 @@ type config struct {
 	prefill      int
 	reusePrefill bool
 	reaperRows   int
+	seeds        int
 	hotWorkers   int
 	hotKeys      int
 	redisAddr    string
@@ -206,6 +207,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&cfg.prefill, "prefill", 1_000_000, "records in the table of the prefill scenario")
 	fs.BoolVar(&cfg.reusePrefill, "reuse-prefill", false, "keep the prefilled namespace (idembench_prefill_<N>) and reuse it when it exists")
 	fs.IntVar(&cfg.reaperRows, "reaper-rows", 100_000, "expired records seeded for the reaper scenario")
+	fs.IntVar(&cfg.seeds, "seeds", 1000, "completed records restored before every measurement; replay, get and pkselect read them")
 	fs.IntVar(&cfg.hotWorkers, "hot-workers", 100, "workers of the hotkeys scenario")
 	fs.IntVar(&cfg.hotKeys, "hot-keys", 10, "keys the hotkeys workers share at a time")
 	fs.StringVar(&cfg.redisAddr, "redis", "127.0.0.1:6379", "Redis address for the redis scenario")
@@ -247,8 +249,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("-duration must be positive")
 	case cfg.reps < 1:
 		return nil, errors.New("-reps must be at least 1")
-	case cfg.prefill < 1 || cfg.reaperRows < 1 || cfg.hotWorkers < 1 || cfg.hotKeys < 1:
-		return nil, errors.New("-prefill, -reaper-rows, -hot-workers and -hot-keys must be at least 1")
+	case cfg.prefill < 1 || cfg.reaperRows < 1 || cfg.seeds < 1 || cfg.hotWorkers < 1 || cfg.hotKeys < 1:
+		return nil, errors.New("-prefill, -reaper-rows, -seeds, -hot-workers and -hot-keys must be at least 1")
 	}
 	var id [4]byte
 	_, _ = rand.Read(id[:])

@@ -43,7 +43,7 @@ func runBackend[TTx any](ctx context.Context, cfg *config, b *backend[TTx], log 
 	if err != nil {
 		return nil, err
 	}
-	keys, err := seedKeys(ctx, seedP.store, b.insert)
+	keys, err := seedKeys(ctx, seedP.store, b.insert, cfg.seeds)
 	if err == nil {
 		err = seedP.admin.exec(ctx, b.sql.snapshot)
 	}
@@ -204,7 +204,8 @@ func preparePrefill[TTx any](ctx context.Context, cfg *config, b *backend[TTx], 
 		return "", fmt.Errorf("prefill namespace %s exists but its fill never completed: drop it and run again", ns)
 	}
 	t0 := time.Now()
-	if _, err := seedKeys(ctx, p.store, b.insert); err != nil {
+	// Only the template: the prefill scenario reads no seeded key.
+	if _, err := seedKeys(ctx, p.store, b.insert, 0); err != nil {
 		return "", err
 	}
 	if err := fill(ctx, b, p.admin, prefillScope, 1, int64(cfg.prefill), 10*365*24*time.Hour); err != nil {

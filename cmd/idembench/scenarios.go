@@ -19,8 +19,7 @@ import (
 
 // Sizes of the workload, as in internal/benchkit and the lab runs of issue 5.
 const (
-	tenants = 100  // scopes
-	seeds   = 1000 // completed keys that replay, get and pkselect read
+	tenants = 100 // scopes
 )
 
 // Scopes of the rows the tool writes with SQL rather than through idem.
@@ -484,9 +483,9 @@ func fill[TTx any](ctx context.Context, b *backend[TTx], a admin, prefix string,
 	return nil
 }
 
-// seedKeys completes seeds keys and the template record through s.Do.
-func seedKeys[TTx any](ctx context.Context, s *idem.Store[TTx], insert func(context.Context, TTx, string) error) ([]seedKey, error) {
-	keys := make([]seedKey, seeds)
+// seedKeys completes n random keys and the template record through s.Do.
+func seedKeys[TTx any](ctx context.Context, s *idem.Store[TTx], insert func(context.Context, TTx, string) error, n int) ([]seedKey, error) {
+	keys := make([]seedKey, n)
 	for i := range keys {
 		keys[i] = seedKey{scope: scopes[i%tenants], key: newKey()}
 	}
@@ -514,5 +513,5 @@ func seedKeys[TTx any](ctx context.Context, s *idem.Store[TTx], insert func(cont
 			first = err
 		}
 	}
-	return keys[:seeds], first
+	return keys[:n], first
 }
