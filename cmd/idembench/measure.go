@@ -18,6 +18,11 @@ type scenario struct {
 	// workers, when not zero, replaces the worker count of the run: the
 	// scenario then runs once per repetition (hotkeys).
 	workers int
+	// setup, when set, runs first and opens what the scenario alone needs
+	// (its own pools); teardown releases it after the measurement.
+	setup func(ctx context.Context) (teardown func(), err error)
+	// admin resets the namespace before the measurement (nil: the main one).
+	admin func() admin
 	// prepare runs before the measurement, after the namespace was reset.
 	prepare func(ctx context.Context) error
 	// op performs one operation for worker w.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 )
 
@@ -87,27 +88,17 @@ func runBackend[TTx any](ctx context.Context, cfg *config, b *backend[TTx], log 
 func runLevel[TTx any](ctx context.Context, cfg *config, b *backend[TTx], res *dialectResult, rep, workers int,
 	ns, pfNS string, keys []seedKey, hotDone map[int]bool, log io.Writer,
 ) error {
-	l := &level[TTx]{cfg: cfg, b: b, seeds: keys, workers: workers, runID: cfg.runID}
+	l := &level[TTx]{cfg: cfg, b: b, seeds: keys, workers: workers, runID: cfg.runID, ns: ns, pfNS: pfNS}
 	var err error
 	if l.p, err = b.open(ctx, ns, workers); err != nil {
 		return err
 	}
+	l.p.close = sync.OnceFunc(l.p.close) // prefill closes it early
 	defer l.p.close()
-	if pfNS != "" {
-		if l.pf, err = b.open(ctx, pfNS, workers); err != nil {
-			return err
-		}
-		defer l.pf.close()
-	}
 	// hotkeys runs once per repetition, with its own worker count.
 	if cfg.wants("hotkeys") && !hotDone[rep] {
 		hotDone[rep] = true
-		// More connections than 16 would not add waits on the keys, only
-		// on PostgreSQL's 100 connections, which the machine shares.
-		if l.hot, err = b.open(ctx, ns, min(cfg.hotWorkers, 16)); err != nil {
-			return err
-		}
-		defer l.hot.close()
+		l.hotTurn = true
 	}
 	if cfg.wants("redis") {
 		l.redis = newRedisClient(cfg.redisAddr, workers)
@@ -126,40 +117,56 @@ func runLevel[TTx any](ctx context.Context, cfg *config, b *backend[TTx], res *d
 		if sc.workers != 0 {
 			w = sc.workers
 		}
-		a := l.p.admin
-		if sc.name == "prefill" {
-			a = l.pf.admin
-		}
-		if err := reset(ctx, b, a, sc.name == "prefill"); err != nil {
-			return fmt.Errorf("%s: reset: %w", sc.name, err)
-		}
-		if sc.prepare != nil {
-			if err := sc.prepare(ctx); err != nil {
-				return fmt.Errorf("%s: prepare: %w", sc.name, err)
-			}
-		}
-		s, err := measure(ctx, sc, w, cfg.duration)
+		s, err := runScenario(ctx, cfg, b, l, sc, w)
 		if err != nil {
 			return err
 		}
-		if sc.check != nil {
-			note, extra, err := sc.check(ctx)
-			if err != nil {
-				return err
-			}
-			s.note, s.extra = note, extra
-		}
+		s.rep = rep
 		k := sampleKey{scenario: sc.name, workers: w}
 		if _, seen := res.samples[k]; !seen {
 			res.order = append(res.order, k)
 			res.base[sc.name] = sc.base
 		}
-		s.rep = rep
 		res.samples[k] = append(res.samples[k], s)
 		fmt.Fprintf(log, "%s rep %d %-9s w=%-3d %8.0f ops/s  p50 %-8s p99 %-8s p999 %-8s %s\n", b.name, rep, sc.name, w,
 			s.opsPerSec(), fmtDur(s.hist.quantile(0.5)), fmtDur(s.hist.quantile(0.99)), fmtDur(s.hist.quantile(0.999)), s.note)
 	}
 	return nil
+}
+
+// runScenario resets the namespace and measures sc with w workers.
+func runScenario[TTx any](ctx context.Context, cfg *config, b *backend[TTx], l *level[TTx], sc *scenario, w int) (*sample, error) {
+	if sc.setup != nil {
+		teardown, err := sc.setup(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%s: setup: %w", sc.name, err)
+		}
+		defer teardown()
+	}
+	a := l.p.admin
+	if sc.admin != nil {
+		a = sc.admin()
+	}
+	if err := reset(ctx, b, a, sc.name == "prefill"); err != nil {
+		return nil, fmt.Errorf("%s: reset: %w", sc.name, err)
+	}
+	if sc.prepare != nil {
+		if err := sc.prepare(ctx); err != nil {
+			return nil, fmt.Errorf("%s: prepare: %w", sc.name, err)
+		}
+	}
+	s, err := measure(ctx, sc, w, cfg.duration)
+	if err != nil {
+		return nil, err
+	}
+	if sc.check != nil {
+		note, extra, err := sc.check(ctx)
+		if err != nil {
+			return nil, err
+		}
+		s.note, s.extra = note, extra
+	}
+	return s, nil
 }
 
 // reset empties the main namespace's tables and restores the seeded

@@ -148,8 +148,9 @@ type level[TTx any] struct {
 	cfg     *config
 	b       *backend[TTx]
 	p       *pools[TTx]  // main namespace
-	pf      *pools[TTx]  // prefilled namespace, nil without prefill
-	hot     *pools[TTx]  // hotkeys pools
+	ns      string       // main namespace
+	pfNS    string       // prefilled namespace, "" without prefill
+	hotTurn bool         // hotkeys runs at this worker count
 	redis   *redisClient // nil without the redis scenario
 	seeds   []seedKey
 	workers int
@@ -254,11 +255,8 @@ func (l *level[TTx]) scenarios() []*scenario {
 			return l.p.pkSelect(ctx, k.scope, k.key)
 		}},
 	}
-	if l.hot != nil {
+	if l.cfg.wants("hotkeys") && l.hotTurn {
 		all = append(all, l.hotkeys())
-	}
-	if l.pf != nil {
-		all = append(all, &scenario{name: "prefill", base: "tx", op: claimTx(l.pf.store)})
 	}
 	all = append(all, &scenario{
 		name: "reaper", base: "tx", op: claimTx(s),
@@ -275,6 +273,9 @@ func (l *level[TTx]) scenarios() []*scenario {
 	if l.httpSrv != nil {
 		all = append(all, l.httpScenarios()...)
 	}
+	if l.pfNS != "" {
+		all = append(all, l.prefillScenario(claimTx))
+	}
 	var out []*scenario
 	for _, sc := range all {
 		if l.cfg.wants(sc.name) {
@@ -282,6 +283,25 @@ func (l *level[TTx]) scenarios() []*scenario {
 		}
 	}
 	return out
+}
+
+// prefillScenario runs tx on the prefilled namespace. It runs last at each
+// worker count and closes the main pools first: with both open at 64
+// workers, PostgreSQL's 100 connections would not suffice.
+func (l *level[TTx]) prefillScenario(claimTx func(*idem.Store[TTx]) func(context.Context, int) error) *scenario {
+	var pf *pools[TTx]
+	sc := &scenario{name: "prefill", base: "tx"}
+	sc.admin = func() admin { return pf.admin }
+	sc.setup = func(ctx context.Context) (func(), error) {
+		l.p.close()
+		var err error
+		if pf, err = l.b.open(ctx, l.pfNS, l.workers); err != nil {
+			return nil, err
+		}
+		sc.op = claimTx(pf.store)
+		return pf.close, nil
+	}
+	return sc
 }
 
 // reap runs reaper passes until want expired records are gone or ctx ends,
@@ -323,10 +343,20 @@ func (l *level[TTx]) hotkeys() *scenario {
 		t0                             time.Time
 		gen                            atomic.Int64
 	)
-	s := l.hot.store
+	var hot *pools[TTx]
 	insert := l.b.insert
 	return &scenario{
 		name: "hotkeys", workers: l.cfg.hotWorkers,
+		setup: func(ctx context.Context) (func(), error) {
+			// More connections than 16 would not add waits on the keys,
+			// only on PostgreSQL's 100 connections, shared by the machine.
+			var err error
+			hot, err = l.b.open(ctx, l.ns, min(l.cfg.hotWorkers, 16))
+			if err != nil {
+				return nil, err
+			}
+			return hot.close, nil
+		},
 		prepare: func(context.Context) error {
 			executed.Store(0)
 			replayed.Store(0)
@@ -338,7 +368,7 @@ func (l *level[TTx]) hotkeys() *scenario {
 		op: func(ctx context.Context, _ int) error {
 			window := int64(time.Since(t0) / hotWindow)
 			key := fmt.Sprintf("%s-%d-%d-%d", l.runID, gen.Load(), window, rand.IntN(l.cfg.hotKeys)) //nolint:gosec // workload randomness
-			res, err := s.Do(ctx, hotScope, key, fingerprint, func(ctx context.Context, tx TTx) (*idem.Response, error) {
+			res, err := hot.store.Do(ctx, hotScope, key, fingerprint, func(ctx context.Context, tx TTx) (*idem.Response, error) {
 				return response, insert(ctx, tx, hotScope)
 			})
 			switch {
@@ -355,11 +385,11 @@ func (l *level[TTx]) hotkeys() *scenario {
 			return nil
 		},
 		check: func(ctx context.Context) (string, map[string]float64, error) {
-			orders, err := l.hot.admin.queryInt(ctx, l.b.sql.countOrders, hotScope)
+			orders, err := hot.admin.queryInt(ctx, l.b.sql.countOrders, hotScope)
 			if err != nil {
 				return "", nil, fmt.Errorf("count orders: %w", err)
 			}
-			keys, err := l.hot.admin.queryInt(ctx, l.b.sql.countCompleted, hotScope)
+			keys, err := hot.admin.queryInt(ctx, l.b.sql.countCompleted, hotScope)
 			if err != nil {
 				return "", nil, fmt.Errorf("count completed keys: %w", err)
 			}
