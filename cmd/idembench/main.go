@@ -10,8 +10,8 @@
 //	go run ./cmd/idembench -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' -scenarios bare,tx
 //
 // For every repetition, every worker count and every scenario in turn, it
-// runs the scenario's operation from that many workers for -duration and
-// records each operation's latency. The repetitions interleave (bare, tx,
+// runs the scenario's operation from that many workers for -warmup, then
+// for -duration, recording each operation's latency. The repetitions interleave (bare, tx,
 // ..., bare, tx, ...), so a drift of the machine touches every scenario
 // alike, and each row of the table is the median over the repetitions:
 // ops/s, the p50/p99/p999 latencies, and the throughput relative to bare
@@ -81,6 +81,7 @@ type config struct {
 	targets      []target
 	workers      []int
 	duration     time.Duration
+	warmup       time.Duration
 	reps         int
 	scenarios    map[string]bool
 	prefill      int
@@ -125,7 +126,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		m.Redis = redisVersion(string(info))
 	}
-	rep := &report{Command: "idembench " + strings.Join(args, " "), Machine: m, Started: time.Now().UTC(), Duration: cfg.duration.String()}
+	rep := &report{Command: "idembench " + strings.Join(args, " "), Machine: m, Started: time.Now().UTC(), Duration: cfg.duration.String(), Warmup: cfg.warmup.String()}
 	fmt.Fprintln(stdout, m)
 	var errs []error
 	for _, t := range cfg.targets {
@@ -203,6 +204,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		scenarios = fs.String("scenarios", "all", "comma-separated scenarios, or all: "+strings.Join(allScenarios, ","))
 	)
 	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "measuring time of each scenario, per worker count and repetition")
+	fs.DurationVar(&cfg.warmup, "warmup", -1, "unrecorded time before each measurement; default a fifth of -duration, at most 1s")
 	fs.IntVar(&cfg.reps, "reps", 3, "repetitions; the table shows medians")
 	fs.IntVar(&cfg.prefill, "prefill", 1_000_000, "records in the table of the prefill scenario")
 	fs.BoolVar(&cfg.reusePrefill, "reuse-prefill", false, "keep the prefilled namespace (idembench_prefill_<N>) and reuse it when it exists")
@@ -251,6 +253,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("-reps must be at least 1")
 	case cfg.prefill < 1 || cfg.reaperRows < 1 || cfg.seeds < 1 || cfg.hotWorkers < 1 || cfg.hotKeys < 1:
 		return nil, errors.New("-prefill, -reaper-rows, -seeds, -hot-workers and -hot-keys must be at least 1")
+	}
+	if cfg.warmup < 0 {
+		cfg.warmup = min(cfg.duration/5, time.Second)
 	}
 	var id [4]byte
 	_, _ = rand.Read(id[:])

@@ -47,10 +47,11 @@ type sample struct {
 
 func (s *sample) opsPerSec() float64 { return float64(s.ops) / s.elapsed.Seconds() }
 
-// measure runs sc's op from workers goroutines for d (or until sc.during
-// returns) and returns what they did. The first error of an op stops the
-// measurement and is returned.
-func measure(ctx context.Context, sc *scenario, workers int, d time.Duration) (*sample, error) {
+// measure runs sc's op from workers goroutines for warmup, unrecorded
+// (connections prepare their statements, caches fill), then for d or until
+// sc.during returns, and returns what they did then. The first error of an
+// op stops the measurement and is returned.
+func measure(ctx context.Context, sc *scenario, workers int, warmup, d time.Duration) (*sample, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -66,6 +67,7 @@ func measure(ctx context.Context, sc *scenario, workers int, d time.Duration) (*
 		cancel()
 	}
 	start := make(chan struct{})
+	var from time.Time // when recording starts; set before start is closed
 	for w := range workers {
 		hists[w] = new(histogram)
 		wg.Go(func() {
@@ -88,8 +90,10 @@ func measure(ctx context.Context, sc *scenario, workers int, d time.Duration) (*
 					fail(fmt.Errorf("%s: %w", sc.name, err))
 					return
 				}
-				h.record(time.Since(t0))
-				counts[w]++
+				if t0.After(from) {
+					h.record(time.Since(t0))
+					counts[w]++
+				}
 			}
 		})
 	}
@@ -98,15 +102,20 @@ func measure(ctx context.Context, sc *scenario, workers int, d time.Duration) (*
 		bgNote          string
 		bgExtra         map[string]float64
 		bgErr           error
-		timer           = time.NewTimer(d)
-		t0              = time.Now()
+		timer           = time.NewTimer(warmup + d)
 		elapsed         time.Duration
 		stoppedByDuring bool
 	)
+	from = time.Now().Add(warmup)
 	close(start)
 	if sc.during != nil {
 		go func() {
 			defer close(bgDone)
+			select {
+			case <-time.After(warmup):
+			case <-ctx.Done():
+				return
+			}
 			bgNote, bgExtra, bgErr = sc.during(ctx)
 		}()
 	}
@@ -118,7 +127,7 @@ func measure(ctx context.Context, sc *scenario, workers int, d time.Duration) (*
 	}
 	close(stop)
 	wg.Wait() // operations in flight finish and count, so their time counts too
-	elapsed = time.Since(t0)
+	elapsed = time.Since(from)
 	timer.Stop()
 	if sc.during != nil {
 		if !stoppedByDuring {

@@ -172,6 +172,7 @@ type report struct {
 	Machine  machine          `json:"machine"`
 	Started  time.Time        `json:"started"`
 	Duration string           `json:"duration_per_measurement"`
+	Warmup   string           `json:"warmup_per_measurement"`
 	Dialects []*dialectResult `json:"dialects"`
 }
 

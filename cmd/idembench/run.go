@@ -155,7 +155,7 @@ func runScenario[TTx any](ctx context.Context, cfg *config, b *backend[TTx], l *
 			return nil, fmt.Errorf("%s: prepare: %w", sc.name, err)
 		}
 	}
-	s, err := measure(ctx, sc, w, cfg.duration)
+	s, err := measure(ctx, sc, w, cfg.warmup, cfg.duration)
 	if err != nil {
 		return nil, err
 	}
