@@ -28,17 +28,25 @@ var mysqlStatements = statements{
 		`INSERT INTO idempotency_keys SELECT * FROM idembench_seed`,
 		`ANALYZE TABLE idempotency_keys, orders`,
 	},
+	// The template is copied into a table of its own first: an INSERT
+	// that selects from its own table goes through an internal temporary
+	// table, on disk (tmpdir) at 200 000 rows, which failed in a run here.
+	fillPrep: []string{`CREATE TABLE IF NOT EXISTS idembench_template AS
+		SELECT * FROM idempotency_keys WHERE scope = 'idembench-template' AND idempotency_key = 'template'`},
 	// MariaDB's SEQUENCE engine makes the rows in the server; a range on
 	// its seq column is read as an index range, not a scan. MySQL has no
-	// such engine: prefill and reaper are MariaDB-only.
+	// such engine: prefill and reaper are MariaDB-only. Keys increase with
+	// seq, so InnoDB appends to 100 places of its clustered index instead
+	// of splitting pages at random: several times faster to fill than MD5
+	// keys, and the table the claims meet is the same size.
 	fill: `INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, status, token, attempt,
 		lease_expires_at, response_status, response_headers, response_body, created_at, updated_at,
 		completed_at, expires_at)
-	SELECT CONCAT(?, LPAD(s.seq % 100, 2, '0')), MD5(s.seq), t.fingerprint, t.status, t.token, t.attempt,
+	SELECT CONCAT(?, LPAD(s.seq % 100, 2, '0')), LPAD(HEX(s.seq), 32, '0'), t.fingerprint, t.status, t.token, t.attempt,
 		t.lease_expires_at, t.response_status, t.response_headers, t.response_body, t.created_at, t.updated_at,
 		t.completed_at, t.expires_at + INTERVAL ? SECOND
-	FROM seq_1_to_100000000000 AS s, idempotency_keys AS t
-	WHERE s.seq BETWEEN ? AND ? AND t.scope = 'idembench-template' AND t.idempotency_key = 'template'`,
+	FROM seq_1_to_100000000000 AS s, idembench_template AS t
+	WHERE s.seq BETWEEN ? AND ?`,
 	fillArgs: func(prefix string, from, to int64, shift time.Duration) []any {
 		return []any{prefix, int64(shift.Seconds()), from, to}
 	},

@@ -95,6 +95,7 @@ type statements struct {
 	// prefix+"00".."99", its retention deadline moved by shift; fillArgs
 	// orders and converts the arguments for it.
 	fill     string
+	fillPrep []string // run before fill's chunks
 	fillArgs func(prefix string, from, to int64, shift time.Duration) []any
 	// countOrders counts the orders of one tenant; countCompleted the
 	// succeeded records of one scope; deleteScope deletes records of
@@ -504,6 +505,11 @@ func newHTTPServer[TTx any](s *idem.Store[TTx], insert func(context.Context, TTx
 // expired), in chunks so that no statement runs for minutes.
 func fill[TTx any](ctx context.Context, b *backend[TTx], a admin, prefix string, from, to int64, shift time.Duration) error {
 	const chunk = 200_000
+	for _, q := range b.sql.fillPrep {
+		if err := a.exec(ctx, q); err != nil {
+			return fmt.Errorf("fill: %w", err)
+		}
+	}
 	for lo := from; lo <= to; lo += chunk {
 		hi := min(lo+chunk-1, to)
 		if err := a.exec(ctx, b.sql.fill, b.sql.fillArgs(prefix, lo, hi, shift)...); err != nil {
