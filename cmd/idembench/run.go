@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 )
@@ -56,11 +55,11 @@ func runBackend[TTx any](ctx context.Context, cfg *config, b *backend[TTx], log 
 	// Prefilled namespace.
 	var pfNS string
 	if cfg.wants("prefill") {
-		if pfNS, err = preparePrefill(ctx, cfg, b, log); err != nil {
-			return nil, err
-		}
-		res.Namespaces = append(res.Namespaces, pfNS)
-		if !cfg.reusePrefill {
+		pfNS = "idembench_" + cfg.runID + "_prefill"
+		if cfg.reusePrefill {
+			pfNS = fmt.Sprintf("idembench_prefill_%d", cfg.prefill)
+		} else {
+			// Dropped even when the fill fails half-way.
 			defer func() {
 				if cfg.keep {
 					return
@@ -70,6 +69,10 @@ func runBackend[TTx any](ctx context.Context, cfg *config, b *backend[TTx], log 
 				}
 			}()
 		}
+		if err := preparePrefill(ctx, cfg, b, pfNS, log); err != nil {
+			return nil, err
+		}
+		res.Namespaces = append(res.Namespaces, pfNS)
 	}
 
 	res.samples = make(map[sampleKey][]*sample)
@@ -184,21 +187,16 @@ func reset[TTx any](ctx context.Context, b *backend[TTx], a admin, prefilled boo
 	return nil
 }
 
-// preparePrefill returns a namespace holding cfg.prefill live records:
-// the reusable idembench_prefill_<N> when -reuse-prefill is set and it was
-// completed by an earlier run, otherwise a fresh one filled now.
-func preparePrefill[TTx any](ctx context.Context, cfg *config, b *backend[TTx], log io.Writer) (string, error) {
-	ns := "idembench_" + cfg.runID + "_prefill"
-	if cfg.reusePrefill {
-		ns = fmt.Sprintf("idembench_prefill_%d", cfg.prefill)
-	}
+// preparePrefill makes namespace ns hold cfg.prefill live records, unless
+// an earlier run with -reuse-prefill completed it.
+func preparePrefill[TTx any](ctx context.Context, cfg *config, b *backend[TTx], ns string, log io.Writer) error {
 	existed, err := b.create(ctx, ns)
 	if err != nil {
-		return "", fmt.Errorf("create prefill namespace: %w", err)
+		return fmt.Errorf("create prefill namespace: %w", err)
 	}
 	p, err := b.open(ctx, ns, 8)
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer p.close()
 	if existed {
@@ -206,27 +204,26 @@ func preparePrefill[TTx any](ctx context.Context, cfg *config, b *backend[TTx], 
 		n, err := p.admin.queryInt(ctx, b.sql.countCompleted, doneScope+"01")
 		if err == nil && n == 1 {
 			fmt.Fprintf(log, "%s: reusing %s (%d records)\n", b.name, ns, cfg.prefill)
-			return ns, nil
+			return nil
 		}
-		return "", fmt.Errorf("prefill namespace %s exists but its fill never completed: drop it and run again", ns)
+		return fmt.Errorf("prefill namespace %s exists but its fill never completed: drop it and run again", ns)
 	}
 	t0 := time.Now()
 	// Only the template: the prefill scenario reads no seeded key.
 	if _, err := seedKeys(ctx, p.store, b.insert, 0); err != nil {
-		return "", err
+		return err
 	}
 	if err := fill(ctx, b, p.admin, prefillScope, 1, int64(cfg.prefill), 10*365*24*time.Hour); err != nil {
-		return "", err
+		return err
 	}
 	for _, q := range b.sql.analyze {
 		if err := p.admin.exec(ctx, q); err != nil {
-			return "", fmt.Errorf("analyze: %w", err)
+			return fmt.Errorf("analyze: %w", err)
 		}
 	}
 	if err := fill(ctx, b, p.admin, doneScope, 1, 1, 10*365*24*time.Hour); err != nil {
-		return "", err
+		return err
 	}
 	fmt.Fprintf(log, "%s: filled %s with %d records in %.1fs\n", b.name, ns, cfg.prefill, time.Since(t0).Seconds())
-	_ = os.Stdout.Sync()
-	return ns, nil
+	return nil
 }
