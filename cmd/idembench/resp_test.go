@@ -59,15 +59,20 @@ func TestReadReply(t *testing.T) {
 	}
 }
 
+// testRedisAddr returns IDEM_TEST_REDIS_ADDR or the local default.
+func testRedisAddr() string {
+	if addr := os.Getenv("IDEM_TEST_REDIS_ADDR"); addr != "" {
+		return addr
+	}
+	return "127.0.0.1:6379"
+}
+
 // redisAddr returns the test Redis, after checking that it answers: it
 // skips the test when Redis is down, or fails it under CI or
 // IDEM_TEST_REQUIRE_DB=1, where a skipped check must not pass as green.
 func redisAddr(t *testing.T) string {
 	t.Helper()
-	addr := os.Getenv("IDEM_TEST_REDIS_ADDR")
-	if addr == "" {
-		addr = "127.0.0.1:6379"
-	}
+	addr := testRedisAddr()
 	d := net.Dialer{Timeout: 2 * time.Second}
 	conn, err := d.DialContext(t.Context(), "tcp", addr)
 	if err == nil {

@@ -22,9 +22,10 @@ import (
 func TestSmoke(t *testing.T) {
 	t.Parallel()
 	scenarios := slices.Clone(allScenarios)
-	if !redisUp() {
+	addr := testRedisAddr()
+	if !redisUp(addr) {
 		// Locally, the rest still runs; CI must have Redis.
-		require.False(t, testdb.Required(), "Redis at 127.0.0.1:6379 is unreachable and CI or IDEM_TEST_REQUIRE_DB=1 requires it")
+		require.False(t, testdb.Required(), "Redis at %s is unreachable and CI or IDEM_TEST_REQUIRE_DB=1 requires it", addr)
 		scenarios = slices.DeleteFunc(scenarios, func(s string) bool { return s == "redis" })
 		t.Log("Redis is down: the redis scenario is left out")
 	}
@@ -34,7 +35,7 @@ func TestSmoke(t *testing.T) {
 	err := run(t.Context(), []string{
 		"-db", "sqlite:" + dir, "-workers", "2", "-duration", "200ms", "-reps", "1",
 		"-prefill", "2000", "-reaper-rows", "2000", "-hot-workers", "20", "-seeds", "100",
-		"-scenarios", strings.Join(scenarios, ","), "-json", jsonPath,
+		"-scenarios", strings.Join(scenarios, ","), "-json", jsonPath, "-redis", addr,
 	}, &stdout, &stderr)
 	require.NoError(t, err, "stderr:\n%s", stderr.String())
 	t.Log(stdout.String())
@@ -74,8 +75,8 @@ func TestSmoke(t *testing.T) {
 	require.Empty(t, left)
 }
 
-func redisUp() bool {
-	conn, err := net.DialTimeout("tcp", "127.0.0.1:6379", 2*time.Second)
+func redisUp(addr string) bool {
+	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
 	if err != nil {
 		return false
 	}
