@@ -85,3 +85,23 @@ faults: .SHELLFLAGS := -o pipefail -ec
 faults: ## Run the fault suite at full scale (see docs/reliability.md; about 30 minutes)
 	IDEM_FAULTS_SCALE=full IDEM_TEST_REQUIRE_DB=1 $(GO) test -tags faults -count=1 -timeout $(FAULTS_TIMEOUT) -v ./faults/ | tee faults.out
 	@echo; echo "rows for docs/reliability.md:"; grep -o 'FAULTS|.*' faults.out | sed 's/^FAULTS//'
+
+# The load tool (cmd/idembench, docs/performance.md "Load tool"): every scenario on every dialect
+# at 1, 8, 32 and 64 workers, LOADTEST_REPS interleaved repetitions, medians; about 45 minutes
+# with the defaults. The servers and Redis must run. LOADTEST_ARGS adds flags, e.g.
+# LOADTEST_ARGS='-prefill 10000000 -reuse-prefill' for the 10M-record run.
+LOADTEST_DIALECT ?= all
+LOADTEST_WORKERS ?= 1,8,32,64
+LOADTEST_DURATION ?= 5s
+LOADTEST_REPS ?= 3
+LOADTEST_ARGS ?=
+
+.PHONY: loadtest
+loadtest: ## Run the load tool on every dialect and print its tables (see docs/performance.md)
+	$(GO) run ./cmd/idembench -dialect $(LOADTEST_DIALECT) -workers $(LOADTEST_WORKERS) \
+		-duration $(LOADTEST_DURATION) -reps $(LOADTEST_REPS) $(LOADTEST_ARGS)
+
+.PHONY: loadtest/quick
+loadtest/quick: ## Run the load tool briefly (1 and 8 workers, 1s, one repetition, small tables)
+	$(GO) run ./cmd/idembench -dialect $(LOADTEST_DIALECT) -workers 1,8 -duration 1s -reps 1 \
+		-prefill 20000 -reaper-rows 10000 $(LOADTEST_ARGS)

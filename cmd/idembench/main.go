@@ -1,0 +1,310 @@
+// Command idembench is idem's load tool: it measures what idempotency costs
+// next to the business transaction it protects, with many concurrent
+// workers, latency percentiles, and the cases the Go benchmarks cannot
+// reach (hot keys, a table of millions of records, the reaper at work,
+// Redis, the HTTP middleware).
+//
+// Usage:
+//
+//	go run ./cmd/idembench -dialect all -workers 1,8,32,64 -duration 5s -reps 3
+//	go run ./cmd/idembench -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' -scenarios bare,tx
+//
+// For every repetition, every worker count and every scenario in turn, it
+// runs the scenario's operation from that many workers for -warmup, then
+// for -duration, recording each operation's latency. The repetitions interleave (bare, tx,
+// ..., bare, tx, ...), so a drift of the machine touches every scenario
+// alike, and each row of the table is the median over the repetitions:
+// ops/s, the p50/p99/p999 latencies, and the throughput relative to bare
+// (and to the scenario's own baseline) measured in the same repetition.
+//
+// Scenarios (-scenarios, comma-separated; default all):
+//
+//	bare      BEGIN; INSERT one order; COMMIT: the business transaction alone
+//	tx        BEGIN; Store.ClaimTx; the INSERT; Store.CompleteTx; COMMIT (fresh key)
+//	do        Store.Do with the INSERT in its callback (fresh key)
+//	separate  Store.Claim committed first, then BEGIN; INSERT; CompleteTx; COMMIT
+//	leased    Store.Acquire, then BEGIN; INSERT; Lease.CompleteTx; COMMIT
+//	replay    Store.Do on a completed key (the stored response comes back)
+//	get       Store.Get of a completed key
+//	pkselect  a plain primary-key SELECT of the same rows: the baseline of replay and get
+//	hotkeys   -hot-workers workers on -hot-keys keys at a time, through Store.Do:
+//	          executions must equal the keys completed and the orders written
+//	prefill   tx on a table holding -prefill records; compared with tx
+//	reaper    tx while a Reaper deletes -reaper-rows expired records; compared with tx
+//	redis     SET key NX PX in Redis; the bare transaction; SET key response
+//	httpplain POST /orders over loopback to a handler running the bare transaction
+//	http      the same through idemhttp's middleware; compared with httpplain
+//
+// Each dialect works in a namespace of its own (a schema on PostgreSQL, a
+// database on MariaDB, a file on SQLite) migrated with the shipped
+// migrations and dropped at the end unless -keep. Before every measurement
+// the tables are emptied and -seeds completed records put back, as
+// BenchmarkIdem does. The prefilled namespace is filled in the server
+// (generate_series, MariaDB's SEQUENCE engine, a recursive CTE); with
+// -reuse-prefill it is named after its size, kept, and reused by later runs.
+//
+// The tool uses only idem's public API. docs/performance.md ("Load tool")
+// shows results and how to read them.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Defaults match the machine's local servers, as the tests' do.
+const (
+	defaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	defaultMySQLDSN    = "root@tcp(127.0.0.1:3306)/test"
+)
+
+var allScenarios = []string{
+	"bare", "tx", "do", "separate", "leased", "replay", "get", "pkselect",
+	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http",
+}
+
+// config is the parsed command line.
+type config struct {
+	targets      []target
+	workers      []int
+	duration     time.Duration
+	warmup       time.Duration
+	reps         int
+	scenarios    map[string]bool
+	prefill      int
+	reusePrefill bool
+	reaperRows   int
+	seeds        int
+	hotWorkers   int
+	hotKeys      int
+	redisAddr    string
+	keep         bool
+	jsonPath     string
+	runID        string
+}
+
+// target is one dialect and where to find it.
+type target struct{ dialect, dsn string }
+
+// wants reports whether scenario name was selected.
+func (c *config) wants(name string) bool { return c.scenarios[name] }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "idembench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	m := machine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
+	if cfg.wants("redis") {
+		rc := newRedisClient(cfg.redisAddr, 1)
+		info, err := rc.do(ctx, "INFO", "server")
+		rc.Close()
+		if err != nil {
+			return fmt.Errorf("redis at %s (needed by the redis scenario; leave it out with -scenarios): %w", cfg.redisAddr, err)
+		}
+		m.Redis = redisVersion(string(info))
+	}
+	rep := &report{Command: "idembench " + strings.Join(args, " "), Machine: m, Started: time.Now().UTC(), Duration: cfg.duration.String(), Warmup: cfg.warmup.String()}
+	fmt.Fprintln(stdout, m)
+	var errs []error
+	for _, t := range cfg.targets {
+		res, err := runTarget(ctx, cfg, t, stderr)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", t.dialect, err))
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		res.summarise()
+		res.writeTable(stdout)
+		rep.Dialects = append(rep.Dialects, res)
+	}
+	if cfg.jsonPath != "" {
+		w := stdout
+		if cfg.jsonPath != "-" {
+			f, err := os.Create(cfg.jsonPath)
+			if err != nil {
+				return errors.Join(append(errs, err)...)
+			}
+			defer f.Close()
+			w = f
+		}
+		if err := writeJSON(w, rep); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// runTarget opens the backend of t and measures it.
+func runTarget(ctx context.Context, cfg *config, t target, log io.Writer) (*dialectResult, error) {
+	switch t.dialect {
+	case "postgres":
+		b, err := newPGBackend(ctx, t.dsn)
+		if err != nil {
+			return nil, err
+		}
+		defer b.close()
+		return runBackend(ctx, cfg, b, log)
+	case "mysql":
+		b, err := newMySQLBackend(ctx, t.dsn)
+		if err != nil {
+			return nil, err
+		}
+		defer b.close()
+		return runBackend(ctx, cfg, b, log)
+	default:
+		dir := t.dsn
+		if dir == "" {
+			d, err := os.MkdirTemp("", "idembench-")
+			if err != nil {
+				return nil, err
+			}
+			if !cfg.keep {
+				defer os.RemoveAll(d)
+			}
+			dir = d
+		}
+		b := newSQLiteBackend(dir)
+		return runBackend(ctx, cfg, b, log)
+	}
+}
+
+func parseFlags(args []string, stderr io.Writer) (*config, error) {
+	fs := flag.NewFlagSet("idembench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		cfg       config
+		dialect   = fs.String("dialect", "sqlite", "postgres, mysql, sqlite or all, on the local servers (IDEM_TEST_POSTGRES_URL and IDEM_TEST_MYSQL_DSN override them)")
+		db        = fs.String("db", "", "one database instead of -dialect: postgres://..., mysql://<go-sql-driver DSN>, or sqlite:<directory for the files>")
+		workers   = fs.String("workers", "1,8,32,64", "comma-separated worker counts")
+		scenarios = fs.String("scenarios", "all", "comma-separated scenarios, or all: "+strings.Join(allScenarios, ","))
+	)
+	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "measuring time of each scenario, per worker count and repetition")
+	fs.DurationVar(&cfg.warmup, "warmup", -1, "unrecorded time before each measurement; default a fifth of -duration, at most 1s")
+	fs.IntVar(&cfg.reps, "reps", 3, "repetitions; the table shows medians")
+	fs.IntVar(&cfg.prefill, "prefill", 1_000_000, "records in the table of the prefill scenario")
+	fs.BoolVar(&cfg.reusePrefill, "reuse-prefill", false, "keep the prefilled namespace (idembench_prefill_<N>) and reuse it when it exists")
+	fs.IntVar(&cfg.reaperRows, "reaper-rows", 100_000, "expired records seeded for the reaper scenario")
+	fs.IntVar(&cfg.seeds, "seeds", 1000, "completed records restored before every measurement; replay, get and pkselect read them")
+	fs.IntVar(&cfg.hotWorkers, "hot-workers", 100, "workers of the hotkeys scenario")
+	fs.IntVar(&cfg.hotKeys, "hot-keys", 10, "keys the hotkeys workers share at a time")
+	fs.StringVar(&cfg.redisAddr, "redis", "127.0.0.1:6379", "Redis address for the redis scenario")
+	fs.BoolVar(&cfg.keep, "keep", false, "keep the namespaces (schemas, databases, files) instead of dropping them")
+	fs.StringVar(&cfg.jsonPath, "json", "", "also write the results as JSON to this file (- for standard output)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var err error
+	if cfg.targets, err = parseTargets(*dialect, *db); err != nil {
+		return nil, err
+	}
+	for _, w := range strings.Split(*workers, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(w))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-workers: %q is not a positive number", w)
+		}
+		cfg.workers = append(cfg.workers, n)
+	}
+	cfg.scenarios = make(map[string]bool)
+	for _, s := range strings.Split(*scenarios, ",") {
+		s = strings.TrimSpace(s)
+		switch {
+		case s == "all":
+			for _, a := range allScenarios {
+				cfg.scenarios[a] = true
+			}
+		case slices.Contains(allScenarios, s):
+			cfg.scenarios[s] = true
+		default:
+			return nil, fmt.Errorf("-scenarios: unknown scenario %q", s)
+		}
+	}
+	switch {
+	case cfg.duration <= 0:
+		return nil, errors.New("-duration must be positive")
+	case cfg.reps < 1:
+		return nil, errors.New("-reps must be at least 1")
+	case cfg.prefill < 1 || cfg.reaperRows < 1 || cfg.seeds < 1 || cfg.hotWorkers < 1 || cfg.hotKeys < 1:
+		return nil, errors.New("-prefill, -reaper-rows, -seeds, -hot-workers and -hot-keys must be at least 1")
+	}
+	if cfg.warmup < 0 {
+		cfg.warmup = min(cfg.duration/5, time.Second)
+	}
+	var id [4]byte
+	_, _ = rand.Read(id[:])
+	cfg.runID = hex.EncodeToString(id[:])
+	return &cfg, nil
+}
+
+// parseTargets turns -dialect or -db into the dialects to measure.
+func parseTargets(dialect, db string) ([]target, error) {
+	if db != "" {
+		switch {
+		case strings.HasPrefix(db, "postgres://"), strings.HasPrefix(db, "postgresql://"):
+			return []target{{"postgres", db}}, nil
+		case strings.HasPrefix(db, "mysql://"):
+			return []target{{"mysql", strings.TrimPrefix(db, "mysql://")}}, nil
+		case strings.HasPrefix(db, "sqlite:"):
+			return []target{{"sqlite", strings.TrimPrefix(db, "sqlite:")}}, nil
+		}
+		return nil, errors.New("-db must start with postgres://, mysql:// or sqlite:")
+	}
+	pg := target{"postgres", envOr("IDEM_TEST_POSTGRES_URL", defaultPostgresURL)}
+	my := target{"mysql", envOr("IDEM_TEST_MYSQL_DSN", defaultMySQLDSN)}
+	lite := target{"sqlite", ""}
+	switch dialect {
+	case "postgres":
+		return []target{pg}, nil
+	case "mysql":
+		return []target{my}, nil
+	case "sqlite":
+		return []target{lite}, nil
+	case "all":
+		return []target{pg, my, lite}, nil
+	}
+	return nil, fmt.Errorf("-dialect: unknown dialect %q", dialect)
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// redisVersion picks redis_version out of INFO's answer.
+func redisVersion(info string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			return v
+		}
+	}
+	return "unknown"
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// scenario is one kind of operation the tool measures.
+type scenario struct {
+	name string
+	// base names the scenario whose throughput, measured in the same
+	// repetition at the same worker count, this one is compared with
+	// besides bare ("" for none).
+	base string
+	// workers, when not zero, replaces the worker count of the run: the
+	// scenario then runs once per repetition (hotkeys).
+	workers int
+	// setup, when set, runs first and opens what the scenario alone needs
+	// (its own pools); teardown releases it after the measurement.
+	setup func(ctx context.Context) (teardown func(), err error)
+	// admin resets the namespace before the measurement (nil: the main one).
+	admin func() admin
+	// prepare runs before the measurement, after the namespace was reset.
+	prepare func(ctx context.Context) error
+	// op performs one operation for worker w.
+	op func(ctx context.Context, w int) error
+	// during, when set, runs next to the workers (the reaper); the
+	// measurement ends with the duration or when during returns,
+	// whichever comes first. Its note is reported with the result.
+	during func(ctx context.Context) (note string, extra map[string]float64, err error)
+	// check runs after the measurement, to verify and count what it did.
+	check func(ctx context.Context) (note string, extra map[string]float64, err error)
+}
+
+// sample is one measurement of one scenario.
+type sample struct {
+	rep     int
+	ops     uint64
+	elapsed time.Duration
+	hist    *histogram
+	note    string
+	extra   map[string]float64
+}
+
+func (s *sample) opsPerSec() float64 { return float64(s.ops) / s.elapsed.Seconds() }
+
+// measure runs sc's op from workers goroutines for warmup, unrecorded
+// (connections prepare their statements, caches fill), then for d or until
+// sc.during returns, and returns what they did then. The first error of an
+// op stops the measurement and is returned.
+func measure(ctx context.Context, sc *scenario, workers int, warmup, d time.Duration) (*sample, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		stop     = make(chan struct{})
+		errOnce  sync.Once
+		firstErr error
+		hists    = make([]*histogram, workers)
+		counts   = make([]uint64, workers)
+	)
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err })
+		cancel()
+	}
+	start := make(chan struct{})
+	var from time.Time // when recording starts; set before start is closed
+	for w := range workers {
+		hists[w] = new(histogram)
+		wg.Go(func() {
+			h := hists[w]
+			<-start
+			for {
+				select {
+				case <-stop:
+					return
+				case <-ctx.Done():
+					return
+				default:
+				}
+				t0 := time.Now()
+				err := sc.op(ctx, w)
+				if err != nil {
+					if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+						return // stopped by another worker's failure
+					}
+					fail(fmt.Errorf("%s: %w", sc.name, err))
+					return
+				}
+				if t0.After(from) {
+					h.record(time.Since(t0))
+					counts[w]++
+				}
+			}
+		})
+	}
+	var (
+		bgDone          = make(chan struct{})
+		bgNote          string
+		bgExtra         map[string]float64
+		bgErr           error
+		timer           = time.NewTimer(warmup + d)
+		elapsed         time.Duration
+		stoppedByDuring bool
+	)
+	from = time.Now().Add(warmup)
+	close(start)
+	if sc.during != nil {
+		go func() {
+			defer close(bgDone)
+			select {
+			case <-time.After(warmup):
+			case <-ctx.Done():
+				return
+			}
+			bgNote, bgExtra, bgErr = sc.during(ctx)
+		}()
+	}
+	select {
+	case <-timer.C:
+	case <-bgDone:
+		stoppedByDuring = true
+	case <-ctx.Done():
+	}
+	close(stop)
+	wg.Wait() // operations in flight finish and count, so their time counts too
+	elapsed = time.Since(from)
+	timer.Stop()
+	if sc.during != nil {
+		if !stoppedByDuring {
+			cancel()
+			<-bgDone
+		}
+		if bgErr != nil && !errors.Is(bgErr, context.Canceled) {
+			return nil, fmt.Errorf("%s: %w", sc.name, bgErr)
+		}
+	}
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	s := &sample{elapsed: elapsed, hist: new(histogram), note: bgNote, extra: bgExtra}
+	for w := range workers {
+		s.hist.merge(hists[w])
+		s.ops += counts[w]
+	}
+	if s.ops == 0 {
+		return nil, fmt.Errorf("%s: no operation completed in %v", sc.name, elapsed)
+	}
+	return s, nil
+}

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+type sampleKey struct {
+	scenario string
+	workers  int
+}
+
+// dialectResult holds the measurements of one dialect.
+type dialectResult struct {
+	Dialect    string   `json:"dialect"`
+	Server     string   `json:"server"`
+	Namespaces []string `json:"namespaces"`
+	Rows       []row    `json:"rows"`
+
+	samples map[sampleKey][]*sample
+	order   []sampleKey       // first measurement order
+	base    map[string]string // scenario → its baseline besides bare
+}
+
+// row is one line of the table: the medians over the repetitions.
+type row struct {
+	Scenario  string             `json:"scenario"`
+	Workers   int                `json:"workers"`
+	Reps      int                `json:"reps"`
+	OpsPerSec float64            `json:"ops_per_s"`
+	P50       time.Duration      `json:"p50_ns"`
+	P99       time.Duration      `json:"p99_ns"`
+	P999      time.Duration      `json:"p999_ns"`
+	Spread    float64            `json:"spread"` // (max − min) ÷ median of ops/s
+	VsBare    float64            `json:"vs_bare,omitempty"`
+	Base      string             `json:"base,omitempty"`
+	VsBase    float64            `json:"vs_base,omitempty"`
+	Note      string             `json:"note,omitempty"`
+	Extra     map[string]float64 `json:"extra,omitempty"`
+	PerRep    []float64          `json:"ops_per_s_per_rep"`
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// ratio is the median over repetitions of the throughput of samples
+// divided by that of base in the same repetition; 0 when never paired.
+func ratio(samples, base []*sample) float64 {
+	var r []float64
+	for _, s := range samples {
+		for _, b := range base {
+			if b.rep == s.rep {
+				r = append(r, s.opsPerSec()/b.opsPerSec())
+			}
+		}
+	}
+	return median(r)
+}
+
+// summarise fills d.Rows from the samples.
+func (d *dialectResult) summarise() {
+	d.Rows = nil
+	for _, k := range d.order {
+		ss := d.samples[k]
+		var ops, p50, p99, p999 []float64
+		for _, s := range ss {
+			ops = append(ops, s.opsPerSec())
+			p50 = append(p50, float64(s.hist.quantile(0.5)))
+			p99 = append(p99, float64(s.hist.quantile(0.99)))
+			p999 = append(p999, float64(s.hist.quantile(0.999)))
+		}
+		r := row{
+			Scenario: k.scenario, Workers: k.workers, Reps: len(ss), OpsPerSec: median(ops),
+			P50: time.Duration(median(p50)), P99: time.Duration(median(p99)), P999: time.Duration(median(p999)),
+			PerRep: ops, Note: ss[len(ss)-1].note, Extra: ss[len(ss)-1].extra,
+		}
+		r.Spread = (slices.Max(ops) - slices.Min(ops)) / r.OpsPerSec
+		if k.scenario != "bare" {
+			r.VsBare = ratio(ss, d.samples[sampleKey{"bare", k.workers}])
+		}
+		if b := d.base[k.scenario]; b != "" {
+			r.Base = b
+			r.VsBase = ratio(ss, d.samples[sampleKey{b, k.workers}])
+		}
+		d.Rows = append(d.Rows, r)
+	}
+}
+
+// writeTable prints d as a Markdown table, padded so that it reads as
+// well in a terminal as in docs/performance.md.
+func (d *dialectResult) writeTable(w io.Writer) {
+	fmt.Fprintf(w, "\n### %s (%s)\n\n", d.Dialect, d.Server)
+	cells := [][]string{{"scenario", "workers", "ops/s", "spread", "p50", "p99", "p999", "÷ bare", "÷ base", "note"}}
+	for _, r := range d.Rows {
+		vsBare, vsBase := "", ""
+		if r.VsBare != 0 {
+			vsBare = fmt.Sprintf("%.2f", r.VsBare)
+		}
+		if r.VsBase != 0 {
+			vsBase = fmt.Sprintf("%.2f ÷ %s", r.VsBase, r.Base)
+		}
+		cells = append(cells, []string{r.Scenario, strconv.Itoa(r.Workers), fmt.Sprintf("%.0f", r.OpsPerSec),
+			fmt.Sprintf("%.0f%%", 100*r.Spread), fmtDur(r.P50), fmtDur(r.P99), fmtDur(r.P999), vsBare, vsBase, r.Note})
+	}
+	width := make([]int, len(cells[0]))
+	for _, c := range cells {
+		for i, s := range c {
+			width[i] = max(width[i], utf8.RuneCountInString(s))
+		}
+	}
+	// Text columns are left-aligned, numbers right-aligned.
+	left := func(i int) bool { return i == 0 || i == len(width)-1 }
+	line := func(c []string) {
+		var b strings.Builder
+		for i, s := range c {
+			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(s))
+			if left(i) {
+				fmt.Fprintf(&b, "| %s%s ", s, pad)
+			} else {
+				fmt.Fprintf(&b, "| %s%s ", pad, s)
+			}
+		}
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " ")+" |")
+	}
+	line(cells[0])
+	sep := make([]string, len(width))
+	for i := range sep {
+		if left(i) {
+			sep[i] = strings.Repeat("-", width[i])
+		} else {
+			sep[i] = strings.Repeat("-", width[i]-1) + ":"
+		}
+	}
+	line(sep)
+	for _, c := range cells[1:] {
+		line(c)
+	}
+}
+
+// fmtDur prints d with three significant digits in µs or ms.
+func fmtDur(d time.Duration) string {
+	switch {
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
+	case d < 10*time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	case d < 100*time.Millisecond:
+		return fmt.Sprintf("%.1fms", float64(d)/1e6)
+	default:
+		return fmt.Sprintf("%.0fms", float64(d)/1e6)
+	}
+}
+
+// report is what -json writes.
+type report struct {
+	Command  string           `json:"command"`
+	Machine  machine          `json:"machine"`
+	Started  time.Time        `json:"started"`
+	Duration string           `json:"duration_per_measurement"`
+	Warmup   string           `json:"warmup_per_measurement"`
+	Dialects []*dialectResult `json:"dialects"`
+}
+
+type machine struct {
+	NumCPU     int    `json:"num_cpu"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	Go         string `json:"go"`
+	OS         string `json:"os"`
+	Redis      string `json:"redis,omitempty"`
+}
+
+func (m machine) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "machine: %d CPUs, GOMAXPROCS %d, %s %s", m.NumCPU, m.GOMAXPROCS, m.Go, m.OS)
+	if m.Redis != "" {
+		fmt.Fprintf(&b, ", Redis %s", m.Redis)
+	}
+	return b.String()
+}
+
+func writeJSON(w io.Writer, r *report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}

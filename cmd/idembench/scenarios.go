@@ -1,0 +1,553 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/idemhttp"
+)
+
+// Sizes of the workload, as in internal/benchkit and the lab runs of issue 5.
+const (
+	tenants = 100 // scopes
+)
+
+// Scopes of the rows the tool writes with SQL rather than through idem.
+const (
+	templateScope = "idembench-template" // the record the fills copy
+	templateKey   = "template"
+	prefillScope  = "pf-"  // prefix of prefilled records (live)
+	expiredScope  = "exp-" // prefix of records seeded for the reaper (expired)
+	hotScope      = "hot"  // the scope of the hotkeys scenario
+	// doneScope+"01" marks a completed fill of a reusable prefilled namespace.
+	doneScope = "idembench-done-"
+)
+
+// response is what every completion stores: the 194-byte JSON answer of
+// internal/benchkit, so that the figures compare with BenchmarkIdem's.
+var response = &idem.Response{
+	StatusCode: http.StatusCreated,
+	Header:     http.Header{"Content-Type": {"application/json"}},
+	Body: []byte(`{"id":"ord_7GQ2V9X4KD8M3N5P","tenant":"tenant-42","status":"confirmed",` +
+		`"amount":{"value":"1999","currency":"EUR"},"created_at":"2025-11-30T11:41:07.123456Z",` +
+		`"items":[{"sku":"SKU-1234","qty":2}]}`),
+}
+
+var (
+	fingerprint = idem.NewFingerprint([]byte("POST /orders"), response.Body)
+	scopes      = func() []string {
+		s := make([]string, tenants)
+		for i := range s {
+			s[i] = fmt.Sprintf("tenant-%02d", i)
+		}
+		return s
+	}()
+)
+
+// newKey returns a fresh random 128-bit key in hex.
+func newKey() string {
+	var raw [16]byte
+	binary.LittleEndian.PutUint64(raw[:8], rand.Uint64()) //nolint:gosec // keys only need to be distinct
+	binary.LittleEndian.PutUint64(raw[8:], rand.Uint64()) //nolint:gosec // keys only need to be distinct
+	return hex.EncodeToString(raw[:])
+}
+
+func randomScope() string { return scopes[rand.IntN(tenants)] } //nolint:gosec // workload randomness
+
+type seedKey struct{ scope, key string }
+
+// pools are the connections of one worker count on one namespace.
+type pools[TTx any] struct {
+	// store runs the writes; its dialect begins the business transactions.
+	store *idem.Store[TTx]
+	// readStore runs replay and get: store, except on SQLite, where
+	// writes go through one connection and reads through their own pool.
+	readStore *idem.Store[TTx]
+	// pkSelect reads what a replay needs by primary key on readStore's pool.
+	pkSelect func(ctx context.Context, scope, key string) error
+	// admin runs the tool's own statements on the namespace.
+	admin admin
+	close func()
+}
+
+// admin runs statements of the tool itself (resets, fills, counts).
+type admin interface {
+	exec(ctx context.Context, query string, args ...any) error
+	queryInt(ctx context.Context, query string, args ...any) (int64, error)
+}
+
+// statements are the SQL texts that differ between dialects.
+type statements struct {
+	createOrders string
+	snapshot     string   // copies the seeded records aside
+	reset        []string // empties the tables and restores the copy
+	// fill copies the template record into keys from..to of the scopes
+	// prefix+"00".."99", its retention deadline moved by shift; fillArgs
+	// orders and converts the arguments for it.
+	fill     string
+	fillPrep []string // run before fill's chunks
+	fillArgs func(prefix string, from, to int64, shift time.Duration) []any
+	// countOrders counts the orders of one tenant; countCompleted the
+	// succeeded records of one scope; deleteScope deletes records of
+	// a scope prefix (arg: the prefix followed by the LIKE wildcard).
+	countOrders    string
+	countCompleted string
+	deleteScope    string
+	// analyze refreshes the planner statistics after a fill.
+	analyze []string
+}
+
+// backend is one dialect's side of the tool: how to create, open and drop a
+// namespace, and the statements that differ.
+type backend[TTx any] struct {
+	name string
+	sql  statements
+	// version returns the server version.
+	version func(ctx context.Context) (string, error)
+	// create creates namespace ns, migrated with the shipped migrations and
+	// holding an orders table, unless it exists; it reports whether it did.
+	create func(ctx context.Context, ns string) (existed bool, err error)
+	drop   func(ctx context.Context, ns string) error
+	// open opens pools of conns connections on ns.
+	open func(ctx context.Context, ns string, conns int) (*pools[TTx], error)
+	// insert inserts one order in tx and reads its id back.
+	insert func(ctx context.Context, tx TTx, tenant string) error
+	close  func()
+}
+
+// inTx runs fn in a business transaction of s's dialect and commits it.
+func inTx[TTx any](ctx context.Context, s *idem.Store[TTx], fn func(tx TTx) error) error {
+	d := s.Dialect()
+	tx, err := d.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		_ = d.Rollback(ctx, tx)
+		return err
+	}
+	if err := d.Commit(ctx, tx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+var errNotAcquired = errors.New("fresh key not acquired")
+
+// level is what the scenarios of one worker count run on.
+type level[TTx any] struct {
+	cfg     *config
+	b       *backend[TTx]
+	p       *pools[TTx]  // main namespace
+	ns      string       // main namespace
+	pfNS    string       // prefilled namespace, "" without prefill
+	hotTurn bool         // hotkeys runs at this worker count
+	redis   *redisClient // nil without the redis scenario
+	seeds   []seedKey
+	workers int
+	runID   string
+	httpSrv *httptest.Server
+	httpCli *http.Client
+}
+
+// scenarios returns the scenarios selected in cfg, in the order they run.
+func (l *level[TTx]) scenarios() []*scenario {
+	s, rs, insert := l.p.store, l.p.readStore, l.b.insert
+	callbacks := make([]func(context.Context, TTx) (*idem.Response, error), tenants)
+	for i := range callbacks {
+		tenant := scopes[i]
+		callbacks[i] = func(ctx context.Context, tx TTx) (*idem.Response, error) {
+			return response, insert(ctx, tx, tenant)
+		}
+	}
+	seeded := func() seedKey { return l.seeds[rand.IntN(len(l.seeds))] } //nolint:gosec // workload randomness
+	claimTx := func(s *idem.Store[TTx]) func(ctx context.Context, _ int) error {
+		return func(ctx context.Context, _ int) error {
+			scope, key := randomScope(), newKey()
+			return inTx(ctx, s, func(tx TTx) error {
+				c, err := s.ClaimTx(ctx, tx, scope, key, fingerprint)
+				if err != nil {
+					return err
+				}
+				if !c.Acquired() {
+					return errNotAcquired
+				}
+				if err := insert(ctx, tx, scope); err != nil {
+					return err
+				}
+				return s.CompleteTx(ctx, tx, c, response)
+			})
+		}
+	}
+
+	all := []*scenario{
+		{name: "bare", op: func(ctx context.Context, _ int) error {
+			tenant := randomScope()
+			return inTx(ctx, s, func(tx TTx) error { return insert(ctx, tx, tenant) })
+		}},
+		{name: "tx", op: claimTx(s)},
+		{name: "do", op: func(ctx context.Context, _ int) error {
+			i := rand.IntN(tenants) //nolint:gosec // workload randomness
+			res, err := s.Do(ctx, scopes[i], newKey(), fingerprint, callbacks[i])
+			if err == nil && res.Replayed {
+				err = errors.New("fresh key replayed")
+			}
+			return err
+		}},
+		{name: "separate", op: func(ctx context.Context, _ int) error {
+			scope, key := randomScope(), newKey()
+			c, err := s.Claim(ctx, scope, key, fingerprint)
+			if err != nil {
+				return err
+			}
+			if !c.Acquired() {
+				return errNotAcquired
+			}
+			return inTx(ctx, s, func(tx TTx) error {
+				if err := insert(ctx, tx, scope); err != nil {
+					return err
+				}
+				return s.CompleteTx(ctx, tx, c, response)
+			})
+		}},
+		{name: "leased", op: func(ctx context.Context, _ int) error {
+			scope, key := randomScope(), newKey()
+			lease, err := s.Acquire(ctx, scope, key, fingerprint)
+			if err != nil {
+				return err
+			}
+			if !lease.Acquired() {
+				return errNotAcquired
+			}
+			return inTx(ctx, s, func(tx TTx) error {
+				if err := insert(ctx, tx, scope); err != nil {
+					return err
+				}
+				return lease.CompleteTx(ctx, tx, response)
+			})
+		}},
+		{name: "replay", base: "pkselect", op: func(ctx context.Context, _ int) error {
+			k := seeded()
+			res, err := rs.Do(ctx, k.scope, k.key, fingerprint, func(context.Context, TTx) (*idem.Response, error) {
+				return nil, errors.New("completed key executed again")
+			})
+			if err == nil && !res.Replayed {
+				err = errors.New("completed key not replayed")
+			}
+			return err
+		}},
+		{name: "get", base: "pkselect", op: func(ctx context.Context, _ int) error {
+			k := seeded()
+			_, err := rs.Get(ctx, k.scope, k.key)
+			return err
+		}},
+		{name: "pkselect", op: func(ctx context.Context, _ int) error {
+			k := seeded()
+			return l.p.pkSelect(ctx, k.scope, k.key)
+		}},
+	}
+	if l.cfg.wants("hotkeys") && l.hotTurn {
+		all = append(all, l.hotkeys())
+	}
+	all = append(all, &scenario{
+		name: "reaper", base: "tx", op: claimTx(s),
+		prepare: func(ctx context.Context) error {
+			return fill(ctx, l.b, l.p.admin, expiredScope, 1, int64(l.cfg.reaperRows), -48*time.Hour)
+		},
+		during: func(ctx context.Context) (string, map[string]float64, error) {
+			return reap(ctx, s, l.cfg.reaperRows)
+		},
+	})
+	if l.redis != nil {
+		all = append(all, l.redisScenario())
+	}
+	if l.httpSrv != nil {
+		all = append(all, l.httpScenarios()...)
+	}
+	if l.pfNS != "" {
+		all = append(all, l.prefillScenario(claimTx))
+	}
+	var out []*scenario
+	for _, sc := range all {
+		if l.cfg.wants(sc.name) {
+			out = append(out, sc)
+		}
+	}
+	return out
+}
+
+// prefillScenario runs tx on the prefilled namespace. It runs last at each
+// worker count and closes the main pools first: with both open at 64
+// workers, PostgreSQL's 100 connections would not suffice.
+func (l *level[TTx]) prefillScenario(claimTx func(*idem.Store[TTx]) func(context.Context, int) error) *scenario {
+	var pf *pools[TTx]
+	sc := &scenario{name: "prefill", base: "tx"}
+	sc.admin = func() admin { return pf.admin }
+	sc.setup = func(ctx context.Context) (func(), error) {
+		l.p.close()
+		var err error
+		if pf, err = l.b.open(ctx, l.pfNS, l.workers); err != nil {
+			return nil, err
+		}
+		sc.op = claimTx(pf.store)
+		return pf.close, nil
+	}
+	return sc
+}
+
+// reap runs reaper passes until want expired records are gone or ctx ends,
+// and reports the rate.
+func reap[TTx any](ctx context.Context, s *idem.Store[TTx], want int) (string, map[string]float64, error) {
+	// Defaults otherwise (batches of 1000): the reaper as a service runs it.
+	r, err := idem.NewReaper(s, nil)
+	if err != nil {
+		return "", nil, err
+	}
+	t0 := time.Now()
+	deleted := 0
+	for deleted < want && ctx.Err() == nil {
+		rep, err := r.RunOnce(ctx)
+		deleted += rep.Deleted
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			return "", nil, fmt.Errorf("reaper: %w", err)
+		}
+		if rep.Deleted == 0 {
+			break
+		}
+	}
+	el := time.Since(t0)
+	rate := float64(deleted) / el.Seconds()
+	note := fmt.Sprintf("reaper %.0f rows/s (%d rows in %.1fs)", rate, deleted, el.Seconds())
+	return note, map[string]float64{"reaper_rows_per_s": rate, "reaper_rows": float64(deleted)}, nil
+}
+
+// hotkeys runs cfg.hotWorkers workers on cfg.hotKeys keys at a time: the
+// set of keys moves on every hotWindow, so each key meets duplicates while
+// it runs (waits, in progress) and after it completed (replays).
+func (l *level[TTx]) hotkeys() *scenario {
+	const hotWindow = 20 * time.Millisecond
+	var (
+		executed, replayed, inProgress atomic.Int64
+		t0                             time.Time
+		gen                            atomic.Int64
+	)
+	var hot *pools[TTx]
+	insert := l.b.insert
+	return &scenario{
+		name: "hotkeys", workers: l.cfg.hotWorkers,
+		setup: func(ctx context.Context) (func(), error) {
+			// More connections than 16 would not add waits on the keys,
+			// only on PostgreSQL's 100 connections, shared by the machine.
+			var err error
+			hot, err = l.b.open(ctx, l.ns, min(l.cfg.hotWorkers, 16))
+			if err != nil {
+				return nil, err
+			}
+			return hot.close, nil
+		},
+		prepare: func(context.Context) error {
+			executed.Store(0)
+			replayed.Store(0)
+			inProgress.Store(0)
+			gen.Add(1)
+			t0 = time.Now()
+			return nil
+		},
+		op: func(ctx context.Context, _ int) error {
+			window := int64(time.Since(t0) / hotWindow)
+			key := fmt.Sprintf("%s-%d-%d-%d", l.runID, gen.Load(), window, rand.IntN(l.cfg.hotKeys)) //nolint:gosec // workload randomness
+			res, err := hot.store.Do(ctx, hotScope, key, fingerprint, func(ctx context.Context, tx TTx) (*idem.Response, error) {
+				return response, insert(ctx, tx, hotScope)
+			})
+			switch {
+			case errors.Is(err, idem.ErrInProgress):
+				inProgress.Add(1)
+				return nil
+			case err != nil:
+				return err
+			case res.Replayed:
+				replayed.Add(1)
+			default:
+				executed.Add(1)
+			}
+			return nil
+		},
+		check: func(ctx context.Context) (string, map[string]float64, error) {
+			orders, err := hot.admin.queryInt(ctx, l.b.sql.countOrders, hotScope)
+			if err != nil {
+				return "", nil, fmt.Errorf("count orders: %w", err)
+			}
+			keys, err := hot.admin.queryInt(ctx, l.b.sql.countCompleted, hotScope)
+			if err != nil {
+				return "", nil, fmt.Errorf("count completed keys: %w", err)
+			}
+			ex, rp, ip := executed.Load(), replayed.Load(), inProgress.Load()
+			note := fmt.Sprintf("executed %d, replayed %d, in progress %d; %d keys completed, %d orders", ex, rp, ip, keys, orders)
+			extra := map[string]float64{
+				"executed": float64(ex), "replayed": float64(rp), "in_progress": float64(ip),
+				"keys_completed": float64(keys), "orders": float64(orders),
+			}
+			if ex != keys || orders != keys {
+				return note, extra, fmt.Errorf("hotkeys: duplicate or lost execution: %s", note)
+			}
+			return note, extra, nil
+		},
+	}
+}
+
+// redisScenario is the pattern other services use instead of idem: SET NX
+// with a lease in Redis, the bare business transaction, then SET of the
+// response. Completed keys live 10 minutes instead of a day, so that the
+// shared Redis does not keep the run's keys; expiry costs Redis nothing
+// per operation either way.
+func (l *level[TTx]) redisScenario() *scenario {
+	s, insert := l.p.store, l.b.insert
+	prefix := "idembench:" + l.runID + ":"
+	return &scenario{name: "redis", op: func(ctx context.Context, _ int) error {
+		scope, key := randomScope(), prefix+newKey()
+		ok, err := l.redis.SetNX(ctx, key, []byte("processing"), 30*time.Second)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errNotAcquired
+		}
+		if err := inTx(ctx, s, func(tx TTx) error { return insert(ctx, tx, scope) }); err != nil {
+			return err
+		}
+		return l.redis.Set(ctx, key, response.Body, 10*time.Minute)
+	}}
+}
+
+// httpScenarios post orders to the test server: through the middleware
+// (http) and to the same handler without it (httpplain).
+func (l *level[TTx]) httpScenarios() []*scenario {
+	post := func(ctx context.Context, path string, want int) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.httpSrv.URL+path, bytes.NewReader(orderRequest))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", newKey())
+		resp, err := l.httpCli.Do(req)
+		if err != nil {
+			return err
+		}
+		var buf [512]byte
+		for {
+			if _, err := resp.Body.Read(buf[:]); err != nil {
+				break
+			}
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != want {
+			return fmt.Errorf("POST %s: status %d", path, resp.StatusCode)
+		}
+		return nil
+	}
+	return []*scenario{
+		{name: "httpplain", op: func(ctx context.Context, _ int) error { return post(ctx, "/plain/orders", http.StatusCreated) }},
+		{name: "http", base: "httpplain", op: func(ctx context.Context, _ int) error { return post(ctx, "/idem/orders", http.StatusCreated) }},
+	}
+}
+
+var orderRequest = []byte(`{"amount":{"value":"1999","currency":"EUR"},"items":[{"sku":"SKU-1234","qty":2}]}`)
+
+// newHTTPServer serves POST /idem/orders through idemhttp and POST
+// /plain/orders without it, both running the same business transaction.
+func newHTTPServer[TTx any](s *idem.Store[TTx], insert func(context.Context, TTx, string) error) *httptest.Server {
+	write := func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/orders/ord_7GQ2V9X4KD8M3N5P")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(response.Body)
+	}
+	mux := http.NewServeMux()
+	mw := idemhttp.New(s, nil)
+	mux.Handle("POST /idem/orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, ok := idemhttp.Tx[TTx](r.Context())
+		if !ok {
+			http.Error(w, "no transaction", http.StatusInternalServerError)
+			return
+		}
+		if err := insert(r.Context(), tx, "http"); err != nil {
+			http.Error(w, "no order", http.StatusInternalServerError)
+			return
+		}
+		write(w)
+	})))
+	mux.HandleFunc("POST /plain/orders", func(w http.ResponseWriter, r *http.Request) {
+		err := inTx(r.Context(), s, func(tx TTx) error { return insert(r.Context(), tx, "http") })
+		if err != nil {
+			http.Error(w, "no order", http.StatusInternalServerError)
+			return
+		}
+		write(w)
+	})
+	return httptest.NewServer(mux)
+}
+
+// fill copies the template record into keys from..to of 100 scopes named
+// prefix+NN, with its retention deadline moved by shift (negative: already
+// expired), in chunks so that no statement runs for minutes.
+func fill[TTx any](ctx context.Context, b *backend[TTx], a admin, prefix string, from, to int64, shift time.Duration) error {
+	const chunk = 200_000
+	for _, q := range b.sql.fillPrep {
+		if err := a.exec(ctx, q); err != nil {
+			return fmt.Errorf("fill: %w", err)
+		}
+	}
+	for lo := from; lo <= to; lo += chunk {
+		hi := min(lo+chunk-1, to)
+		if err := a.exec(ctx, b.sql.fill, b.sql.fillArgs(prefix, lo, hi, shift)...); err != nil {
+			return fmt.Errorf("fill %d..%d: %w", lo, hi, err)
+		}
+	}
+	return nil
+}
+
+// seedKeys completes n random keys and the template record through s.Do.
+func seedKeys[TTx any](ctx context.Context, s *idem.Store[TTx], insert func(context.Context, TTx, string) error, n int) ([]seedKey, error) {
+	keys := make([]seedKey, n)
+	for i := range keys {
+		keys[i] = seedKey{scope: scopes[i%tenants], key: newKey()}
+	}
+	keys = append(keys, seedKey{scope: templateScope, key: templateKey})
+	const workers = 8
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			for i := w; i < len(keys); i += workers {
+				k := keys[i]
+				_, err := s.Do(ctx, k.scope, k.key, fingerprint, func(ctx context.Context, tx TTx) (*idem.Response, error) {
+					return response, insert(ctx, tx, k.scope)
+				})
+				if err != nil {
+					errs <- fmt.Errorf("seed: %w", err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	var first error
+	for range workers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return keys[:n], first
+}

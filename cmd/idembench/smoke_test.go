@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemstore/idem/internal/testdb"
+)
+
+// TestSmoke runs every scenario briefly on SQLite with 2 workers: each
+// must complete operations without error (hotkeys checks its executions
+// against the orders written), and the table and JSON must list them all.
+func TestSmoke(t *testing.T) {
+	t.Parallel()
+	scenarios := slices.Clone(allScenarios)
+	addr := testRedisAddr()
+	if !redisUp(addr) {
+		// Locally, the rest still runs; CI must have Redis.
+		require.False(t, testdb.Required(), "Redis at %s is unreachable and CI or IDEM_TEST_REQUIRE_DB=1 requires it", addr)
+		scenarios = slices.DeleteFunc(scenarios, func(s string) bool { return s == "redis" })
+		t.Log("Redis is down: the redis scenario is left out")
+	}
+	dir := t.TempDir()
+	jsonPath := filepath.Join(t.TempDir(), "out.json")
+	var stdout, stderr bytes.Buffer
+	err := run(t.Context(), []string{
+		"-db", "sqlite:" + dir, "-workers", "2", "-duration", "200ms", "-reps", "1",
+		"-prefill", "2000", "-reaper-rows", "2000", "-hot-workers", "20", "-seeds", "100",
+		"-scenarios", strings.Join(scenarios, ","), "-json", jsonPath, "-redis", addr,
+	}, &stdout, &stderr)
+	require.NoError(t, err, "stderr:\n%s", stderr.String())
+	t.Log(stdout.String())
+
+	var rep report
+	raw, err := os.ReadFile(jsonPath)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(raw, &rep))
+	require.Len(t, rep.Dialects, 1)
+	var names []string
+	for _, r := range rep.Dialects[0].Rows {
+		names = append(names, r.Scenario)
+		require.Positive(t, r.OpsPerSec, r.Scenario)
+		require.Positive(t, r.P50, r.Scenario)
+		require.LessOrEqual(t, r.P50, r.P99, r.Scenario)
+		require.LessOrEqual(t, r.P99, r.P999, r.Scenario)
+		switch r.Scenario {
+		case "hotkeys":
+			require.Equal(t, 20, r.Workers)
+			require.Positive(t, r.Extra["executed"])
+			require.Equal(t, r.Extra["executed"], r.Extra["keys_completed"])
+			require.Equal(t, r.Extra["executed"], r.Extra["orders"])
+		case "reaper":
+			require.Positive(t, r.Extra["reaper_rows"])
+			require.Equal(t, "tx", r.Base)
+		case "bare":
+		default:
+			require.Positive(t, r.VsBare, r.Scenario)
+		}
+		require.Contains(t, stdout.String(), "| "+r.Scenario+" ")
+	}
+	require.ElementsMatch(t, scenarios, names)
+
+	// The run's files are gone: namespaces are dropped without -keep.
+	left, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, left)
+}
+
+func redisUp(addr string) bool {
+	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return false
+	}
+	_ = conn.Close()
+	return true
+}
+
+func TestParseFlags(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args    []string
+		wantErr string
+		check   func(t *testing.T, c *config)
+	}{
+		{args: []string{"-dialect", "all"}, check: func(t *testing.T, c *config) {
+			require.Len(t, c.targets, 3)
+			require.Equal(t, []int{1, 8, 32, 64}, c.workers)
+			require.Len(t, c.scenarios, len(allScenarios))
+		}},
+		{args: []string{"-db", "mysql://root@tcp(127.0.0.1:3306)/test", "-scenarios", "bare, tx", "-workers", "2,4"}, check: func(t *testing.T, c *config) {
+			require.Equal(t, []target{{"mysql", "root@tcp(127.0.0.1:3306)/test"}}, c.targets)
+			require.Equal(t, map[string]bool{"bare": true, "tx": true}, c.scenarios)
+			require.Equal(t, []int{2, 4}, c.workers)
+		}},
+		{args: []string{"-db", "postgres://u@h/db"}, check: func(t *testing.T, c *config) {
+			require.Equal(t, "postgres", c.targets[0].dialect)
+		}},
+		{args: []string{"-db", "oracle://x"}, wantErr: "-db must start with"},
+		{args: []string{"-dialect", "oracle"}, wantErr: "unknown dialect"},
+		{args: []string{"-workers", "0"}, wantErr: "not a positive number"},
+		{args: []string{"-scenarios", "nope"}, wantErr: "unknown scenario"},
+		{args: []string{"-reps", "0"}, wantErr: "-reps"},
+		{args: []string{"extra"}, wantErr: "unexpected arguments"},
+	} {
+		c, err := parseFlags(tc.args, &bytes.Buffer{})
+		if tc.wantErr != "" {
+			require.ErrorContains(t, err, tc.wantErr, "%q", tc.args)
+			continue
+		}
+		require.NoError(t, err, "%q", tc.args)
+		tc.check(t, c)
+	}
+}
