@@ -117,13 +117,16 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	claimBatch(b, p)
 
 	var cr claimReader
-	if err := e.sendBounded(ctx, b, p.WaitTimeout, cr.readInsert, cr.readRecord(ctx)); err != nil {
+	if err := e.sendBounded(ctx, b, p.WaitTimeout, cr.readInsert, func(br pgx.BatchResults) error {
+		return cr.readRecord(ctx, br)
+	}); err != nil {
 		return nil, err
 	}
 	return cr.res, nil
 }
 
-// claimBatch queues the claim's statements on b, after what b already holds.
+// claimBatch queues the claim's statements on b, after what b already
+// holds: set lock_timeout, insert, restore lock_timeout and read.
 func claimBatch(b *pgx.Batch, p *idem.ClaimParams) {
 	now := pinnedNow(p.Now)
 	queueBounded(b, p.WaitTimeout, claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
@@ -147,16 +150,38 @@ func (cr *claimReader) readInsert(br pgx.BatchResults) error {
 	return err
 }
 
-func (cr *claimReader) readRecord(ctx context.Context) func(pgx.BatchResults) error {
-	return func(br pgx.BatchResults) error {
-		var now time.Time
-		rec, err := scanRecord(ctx, br.QueryRow(), &now)
-		if err != nil {
-			return err
-		}
-		cr.res = &idem.ClaimResult{Record: rec, Created: !cr.notCreated, Now: now.UTC()}
-		return nil
+// readRecord reads claimRead's one row, whose record columns are NULL
+// when the record vanished ([idem.ErrNotFound]).
+func (cr *claimReader) readRecord(ctx context.Context, br pgx.BatchResults) error {
+	rows, err := br.Query()
+	if err != nil {
+		return interpretError(ctx, err)
 	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return interpretError(ctx, err)
+		}
+		return fmt.Errorf("idem: postgres: claim read returned no row")
+	}
+	if rows.RawValues()[0] == nil {
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return interpretError(ctx, err)
+		}
+		return idem.ErrNotFound
+	}
+	var now time.Time
+	rec, err := scanRecord(ctx, rows, &now)
+	if err != nil {
+		return err
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return interpretError(ctx, err)
+	}
+	cr.res = &idem.ClaimResult{Record: rec, Created: !cr.notCreated, Now: now.UTC()}
+	return nil
 }
 
 // Takeover replaces the record while it still carries p.Token and meets
@@ -335,34 +360,41 @@ func (e *executor) DeleteExpired(ctx context.Context, p *idem.DeleteExpiredParam
 const rollbackTimeout = 5 * time.Second
 
 // boundedBatch returns a batch that runs sql with its lock waits bounded by
-// wait: save the caller's lock_timeout, set ours, sql, restore. Statements
-// queued after it run with the caller's lock_timeout. On the pool, the batch
-// begins a transaction, which sendBounded commits in a second round trip
-// (see queries.go).
+// wait: save the caller's lock_timeout and set ours, sql, restore. On the
+// pool, the batch begins a transaction, which sendBounded commits in a
+// second round trip (see queries.go).
 func (e *executor) boundedBatch(wait time.Duration, sql string, args ...any) *pgx.Batch {
 	b := &pgx.Batch{}
 	if !e.inTx {
 		b.BeginTx(pgx.TxOptions{})
 	}
 	queueBounded(b, wait, sql, args...)
+	b.Queue(restoreLockTimeout)
 	return b
 }
 
-// queueBounded queues sql on b between the save and set of lock_timeout and
-// its restore.
+// queueBounded queues sql on b after the statement that saves the caller's
+// lock_timeout and sets ours. The caller must queue the restore next
+// (restoreLockTimeout, or claimRead which includes it).
 func queueBounded(b *pgx.Batch, wait time.Duration, sql string, args ...any) {
-	b.Queue(saveLockTimeout)
 	b.Queue(setLockTimeout, lockTimeout(wait))
 	b.Queue(sql, args...)
-	b.Queue(restoreLockTimeout)
 }
 
-// sendBounded sends b, made by boundedBatch with wait, and reads its
-// results: read reads the bounded statement's and returns the driver's
-// error; after, if not nil, reads those of the statements queued after the
-// restore and returns its errors already interpreted. A lock timeout of the
-// bounded statement is returned as an *idem.InProgressError. On the pool,
-// it commits the batch's transaction, or rolls it back after an error.
+// execRestore reads the result of restoreLockTimeout.
+func execRestore(ctx context.Context, br pgx.BatchResults) error {
+	_, err := br.Exec()
+	return interpretError(ctx, err)
+}
+
+// sendBounded sends b, made by boundedBatch with wait (after nil) or
+// queued through queueBounded, and reads its results: read reads the
+// bounded statement's and returns the driver's error; after reads those of
+// every statement queued after it, the restore first, and returns its
+// errors already interpreted; nil means the restore of boundedBatch alone.
+// A lock timeout of the bounded statement is returned as an
+// *idem.InProgressError. On the pool, it commits the batch's transaction,
+// or rolls it back after an error.
 func (e *executor) sendBounded(ctx context.Context, b *pgx.Batch, wait time.Duration, read, after func(pgx.BatchResults) error) error {
 	br := e.db.SendBatch(ctx, b)
 	err := e.readBounded(ctx, br, wait, read, after)
@@ -386,9 +418,10 @@ func (e *executor) sendBounded(ctx context.Context, b *pgx.Batch, wait time.Dura
 	return interpretError(ctx, tx.Commit(ctx))
 }
 
-// readBounded reads the results of a boundedBatch in order.
+// readBounded reads the results of a bounded batch in order; after is as
+// for sendBounded.
 func (e *executor) readBounded(ctx context.Context, br pgx.BatchResults, wait time.Duration, read, after func(pgx.BatchResults) error) error {
-	n := 2 // save and set lock_timeout
+	n := 1 // set lock_timeout
 	if !e.inTx {
 		n++ // begin
 	}
@@ -407,13 +440,10 @@ func (e *executor) readBounded(ctx context.Context, br pgx.BatchResults, wait ti
 		}
 		return interpretError(ctx, err)
 	}
-	if _, err := br.Exec(); err != nil { // restore lock_timeout
-		return interpretError(ctx, err)
+	if after == nil {
+		return execRestore(ctx, br)
 	}
-	if after != nil {
-		return after(br)
-	}
-	return nil
+	return after(br)
 }
 
 // scanRecord scans one row of recordColumns followed by extra destinations;
