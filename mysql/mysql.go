@@ -278,7 +278,7 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	var res *idem.ClaimResult
 	err := e.boundWait(ctx, p.WaitTimeout, func(h dbtx, prefix string) error {
 		var err error
-		res, err = claim(ctx, h, p, prefix)
+		res, err = claim(ctx, h, p, prefix, e.d.server.Load().mariaDB)
 		return err
 	})
 	if err != nil {
@@ -287,16 +287,30 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	return res, nil
 }
 
-// claim runs claimInsert then claimSelect on h, each prefixed by prefix. The
-// insert's duplicate key error is expected and absorbed, by number: its
-// message quotes the key. Other errors are returned unclassified.
-func claim(ctx context.Context, h dbtx, p *idem.ClaimParams, prefix string) (*idem.ClaimResult, error) {
+// claim runs claimInsert then claimSelect on h, each prefixed by prefix; on
+// MariaDB, claimInsertReturning, followed by claimSelect only when the key
+// exists. The insert's duplicate key error is expected and absorbed, by
+// number: its message quotes the key. Other errors are returned
+// unclassified.
+func claim(ctx context.Context, h dbtx, p *idem.ClaimParams, prefix string, mariaDB bool) (*idem.ClaimResult, error) {
 	now := pinned(p.Now)
 	scope, key := []byte(p.Scope), []byte(p.Key)
-	_, err := h.ExecContext(ctx, prefix+claimInsert,
+	args := [...]any{
 		scope, key, p.Fingerprint[:], idem.StatusProcessing, p.Token,
 		now, p.LeaseDuration.Microseconds(), now, now,
-		now, p.Retention.Microseconds())
+		now, p.Retention.Microseconds(),
+	}
+	var err error
+	if mariaDB {
+		var rec *idem.Record
+		rec, err = scanRecord(h.QueryRowContext(ctx, prefix+claimInsertReturning, args[:]...))
+		if err == nil {
+			// The record's created_at is the statement's clock.
+			return &idem.ClaimResult{Record: rec, Created: true, Now: rec.CreatedAt}, nil
+		}
+	} else {
+		_, err = h.ExecContext(ctx, prefix+claimInsert, args[:]...)
+	}
 	created := err == nil
 	if err != nil && !isDupEntry(err) {
 		return nil, err
