@@ -215,19 +215,30 @@ func busyMillis(d time.Duration) int {
 // statement, so that both statements see the same state.
 func claim(ctx context.Context, h dbtx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
 	now := clock(p.Now)
-	rec, err := scanRecord(h.QueryRowContext(ctx, claimInsert,
+	lease, expires := fromMicros(micros(now.Add(p.LeaseDuration))), fromMicros(micros(now.Add(p.Retention)))
+	res, err := h.ExecContext(ctx, claimInsert,
 		p.Scope, p.Key, p.Fingerprint[:], p.Token,
-		micros(now.Add(p.LeaseDuration)), micros(now), micros(now), micros(now.Add(p.Retention)),
-	))
-	if err == nil {
+		micros(lease), micros(now), micros(now), micros(expires),
+	)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if n == 1 {
+		// Exactly what the statement stored: the same microsecond values.
+		rec := &idem.Record{
+			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
+			Status: idem.StatusProcessing, Token: p.Token, Attempt: 1,
+			LeaseExpiresAt: lease, CreatedAt: now, UpdatedAt: now, ExpiresAt: expires,
+		}
 		return &idem.ClaimResult{Record: rec, Created: true, Now: now}, nil
 	}
-	if !errors.Is(err, idem.ErrNotFound) {
-		return nil, err
-	}
-	// No row returned: a record exists. ErrNotFound from this read means it
-	// vanished meanwhile, which the Store answers by claiming again.
-	rec, err = scanRecord(h.QueryRowContext(ctx, claimSelect, p.Scope, p.Key))
+	// A record exists. ErrNotFound from this read means it vanished
+	// meanwhile, which the Store answers by claiming again.
+	rec, err := scanRecord(h.QueryRowContext(ctx, claimSelect, p.Scope, p.Key))
 	if err != nil {
 		return nil, err
 	}
