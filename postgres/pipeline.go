@@ -31,7 +31,7 @@ func (d *Dialect) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, 
 	br := conn.Conn().SendBatch(ctx, b)
 	tx := &pipeTx{tx: br.Tx(), conn: conn}
 	e := &executor{db: conn.Conn()} // inTx false: readBounded reads BEGIN first
-	var cr claimReader
+	cr := claimReader{p: p}
 	err = e.readBounded(ctx, br, p.WaitTimeout, cr.readInsert, func(br pgx.BatchResults) error {
 		return cr.readRecord(ctx, br)
 	})

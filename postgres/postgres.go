@@ -116,7 +116,7 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	}
 	claimBatch(b, p)
 
-	var cr claimReader
+	cr := claimReader{p: p}
 	if err := e.sendBounded(ctx, b, p.WaitTimeout, cr.readInsert, func(br pgx.BatchResults) error {
 		return cr.readRecord(ctx, br)
 	}); err != nil {
@@ -136,13 +136,15 @@ func claimBatch(b *pgx.Batch, p *idem.ClaimParams) {
 
 // claimReader reads the results of the claim's insert and read.
 type claimReader struct {
+	p          *idem.ClaimParams
 	notCreated bool
 	res        *idem.ClaimResult
+	// Set by the insert when it inserted.
+	leaseExpiresAt, createdAt, expiresAt time.Time
 }
 
 func (cr *claimReader) readInsert(br pgx.BatchResults) error {
-	var token int64
-	err := br.QueryRow().Scan(&token)
+	err := br.QueryRow().Scan(&cr.leaseExpiresAt, &cr.createdAt, &cr.expiresAt)
 	if errors.Is(err, pgx.ErrNoRows) { // a record exists
 		cr.notCreated = true
 		return nil
@@ -164,6 +166,22 @@ func (cr *claimReader) readRecord(ctx context.Context, br pgx.BatchResults) erro
 		}
 		return fmt.Errorf("idem: postgres: claim read returned no row")
 	}
+	if !cr.notCreated {
+		// The record is the one the insert wrote: every value is known.
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return interpretError(ctx, err)
+		}
+		p := cr.p
+		created := cr.createdAt.UTC()
+		cr.res = &idem.ClaimResult{Created: true, Now: created, Record: &idem.Record{
+			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
+			Status: idem.StatusProcessing, Token: p.Token, Attempt: 1,
+			LeaseExpiresAt: cr.leaseExpiresAt.UTC(), CreatedAt: created, UpdatedAt: created,
+			ExpiresAt: cr.expiresAt.UTC(),
+		}}
+		return nil
+	}
 	if rows.RawValues()[0] == nil {
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -180,7 +198,7 @@ func (cr *claimReader) readRecord(ctx context.Context, br pgx.BatchResults) erro
 	if err := rows.Err(); err != nil {
 		return interpretError(ctx, err)
 	}
-	cr.res = &idem.ClaimResult{Record: rec, Created: !cr.notCreated, Now: now.UTC()}
+	cr.res = &idem.ClaimResult{Record: rec, Created: false, Now: now.UTC()}
 	return nil
 }
 

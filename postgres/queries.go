@@ -50,7 +50,8 @@ const setLockTimeout = `SELECT set_config('idem.saved_lock_timeout', current_set
 // claimInsert inserts a processing record unless one exists for the key.
 // ON CONFLICT DO NOTHING, not DO UPDATE: a replay takes no row lock and writes
 // no WAL, and an existing record is never overwritten. It returns a row only
-// when it inserted. Under REPEATABLE READ or SERIALIZABLE, a conflicting row
+// when it inserted: the times it computed, from which, with the arguments,
+// the executor builds the new record without scanning claimRead's row. Under REPEATABLE READ or SERIALIZABLE, a conflicting row
 // the snapshot cannot see raises a serialization failure (40001).
 const claimInsert = `WITH clock AS MATERIALIZED (
 	SELECT COALESCE($7::timestamptz, clock_timestamp()) AS ts
@@ -64,7 +65,7 @@ SELECT $1::text, $2::text, $3::bytea, 1, $4::bigint, 1,
 	clock.ts + $6::bigint * interval '1 microsecond'
 FROM clock
 ON CONFLICT (scope, idempotency_key) DO NOTHING
-RETURNING token`
+RETURNING lease_expires_at, created_at, expires_at`
 
 // restoreLockTimeout puts the caller's lock_timeout back right after the
 // write, so our bound covers the write and nothing else (not the caller's
