@@ -302,11 +302,17 @@ func claim(ctx context.Context, h dbtx, p *idem.ClaimParams, prefix string, mari
 	}
 	var err error
 	if mariaDB {
-		var rec *idem.Record
-		rec, err = scanRecord(h.QueryRowContext(ctx, prefix+claimInsertReturning, args[:]...))
+		var lease, created, expires dbTime
+		err = h.QueryRowContext(ctx, prefix+claimInsertReturning, args[:]...).Scan(&lease, &created, &expires)
 		if err == nil {
-			// The record's created_at is the statement's clock.
-			return &idem.ClaimResult{Record: rec, Created: true, Now: rec.CreatedAt}, nil
+			// Exactly the stored record; created_at is the statement's clock.
+			rec := &idem.Record{
+				Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
+				Status: idem.StatusProcessing, Token: p.Token, Attempt: 1,
+				LeaseExpiresAt: lease.Time, CreatedAt: created.Time, UpdatedAt: created.Time,
+				ExpiresAt: expires.Time,
+			}
+			return &idem.ClaimResult{Record: rec, Created: true, Now: created.Time}, nil
 		}
 	} else {
 		_, err = h.ExecContext(ctx, prefix+claimInsert, args[:]...)
