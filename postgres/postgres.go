@@ -21,6 +21,9 @@ import (
 // with [New]; it is safe for concurrent use.
 type Dialect struct {
 	pool *pgxpool.Pool
+	// exec is the pool's Executor, made once: DB is on every pool-level
+	// call's path.
+	exec *executor
 }
 
 var _ idem.Dialect[pgx.Tx] = (*Dialect)(nil)
@@ -28,7 +31,7 @@ var _ idem.Dialect[pgx.Tx] = (*Dialect)(nil)
 // New returns a dialect that runs on pool. The pool's search_path decides
 // which schema's idempotency_keys table is used; pool must not be nil.
 func New(pool *pgxpool.Pool) *Dialect {
-	return &Dialect{pool: pool}
+	return &Dialect{pool: pool, exec: &executor{db: pool}}
 }
 
 // Name returns "postgres".
@@ -36,7 +39,7 @@ func (d *Dialect) Name() string { return "postgres" }
 
 // DB returns an Executor that runs each statement on the pool, outside any
 // caller transaction.
-func (d *Dialect) DB() idem.Executor { return &executor{db: d.pool} }
+func (d *Dialect) DB() idem.Executor { return d.exec }
 
 // errNilTx is returned for a nil pgx.Tx instead of a nil-pointer panic.
 var errNilTx = errors.New("idem: postgres: nil pgx.Tx")
