@@ -23,9 +23,11 @@
 //
 // # Claiming
 //
-// A claim is a pgx batch that sets lock_timeout for the duration of the
-// claim, runs INSERT ... ON CONFLICT DO NOTHING, restores the caller's
-// lock_timeout and reads the record: one round trip with a Tx method, two on
+// A claim is a pgx batch of three statements: one saves the caller's
+// lock_timeout and sets idem's, INSERT ... ON CONFLICT DO NOTHING, and one
+// restores the caller's lock_timeout and reads the record (which, after an
+// insert, is built from the insert's RETURNING instead): one round trip
+// with a Tx method, two on
 // the pool (plus one per connection to prepare its statements under the
 // default statement cache). On the pool, the batch begins a transaction and
 // the COMMIT follows once its results are in: a claim whose context ends
