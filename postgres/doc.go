@@ -23,10 +23,11 @@
 //
 // # Claiming
 //
-// A claim is a pgx batch of three statements: one saves the caller's
-// lock_timeout and sets idem's, INSERT ... ON CONFLICT DO NOTHING, and one
-// restores the caller's lock_timeout and reads the record (which, after an
-// insert, is built from the insert's RETURNING instead): one round trip
+// A claim is a pgx batch of two statements: INSERT ... ON CONFLICT DO
+// NOTHING, whose first CTE saves the caller's lock_timeout and sets idem's,
+// and a read of the record that restores the caller's lock_timeout (after an
+// insert, the record is built from the insert's RETURNING instead of that
+// read's row): one round trip
 // with a Tx method, two on
 // the pool (plus one per connection to prepare its statements under the
 // default statement cache). On the pool, the batch begins a transaction and

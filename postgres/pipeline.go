@@ -32,7 +32,7 @@ func (d *Dialect) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, 
 	tx := &pipeTx{tx: br.Tx(), conn: conn}
 	e := &executor{db: conn.Conn()} // inTx false: readBounded reads BEGIN first
 	cr := claimReader{p: p}
-	err = e.readBounded(ctx, br, p.WaitTimeout, cr.readInsert, func(br pgx.BatchResults) error {
+	err = e.readBounded(ctx, br, p.WaitTimeout, 0, cr.readInsert, func(br pgx.BatchResults) error {
 		return cr.readRecord(ctx, br)
 	})
 	if closeErr := br.Close(); err == nil && closeErr != nil {

@@ -120,7 +120,7 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	claimBatch(b, p)
 
 	cr := claimReader{p: p}
-	if err := e.sendBounded(ctx, b, p.WaitTimeout, cr.readInsert, func(br pgx.BatchResults) error {
+	if err := e.sendBounded(ctx, b, p.WaitTimeout, 0, cr.readInsert, func(br pgx.BatchResults) error {
 		return cr.readRecord(ctx, br)
 	}); err != nil {
 		return nil, err
@@ -128,12 +128,12 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	return cr.res, nil
 }
 
-// claimBatch queues the claim's statements on b, after what b already
-// holds: set lock_timeout, insert, restore lock_timeout and read.
+// claimBatch queues the claim's two statements on b, after what b already
+// holds: set lock_timeout and insert, restore lock_timeout and read.
 func claimBatch(b *pgx.Batch, p *idem.ClaimParams) {
 	now := pinnedNow(p.Now)
-	queueBounded(b, p.WaitTimeout, claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
-		p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now)
+	b.Queue(claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
+		p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now, lockTimeout(p.WaitTimeout))
 	b.Queue(claimRead, p.Scope, p.Key, now)
 }
 
@@ -226,7 +226,7 @@ func (e *executor) Takeover(ctx context.Context, p *idem.TakeoverParams) error {
 		int32(p.Attempt), p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), pinnedNow(p.Now),
 		retentionExpired, leaseExpired)
 	var tag pgconn.CommandTag
-	err := e.sendBounded(ctx, b, p.WaitTimeout, func(br pgx.BatchResults) (err error) {
+	err := e.sendBounded(ctx, b, p.WaitTimeout, 1, func(br pgx.BatchResults) (err error) {
 		tag, err = br.Exec()
 		return err
 	}, nil)
@@ -307,7 +307,7 @@ func (e *executor) RenewLease(ctx context.Context, p *idem.RenewLeaseParams) (ti
 		leaseExpiresAt time.Time
 		fenced         bool
 	)
-	err := e.sendBounded(ctx, b, p.WaitTimeout, func(br pgx.BatchResults) error {
+	err := e.sendBounded(ctx, b, p.WaitTimeout, 1, func(br pgx.BatchResults) error {
 		err := br.QueryRow().Scan(&leaseExpiresAt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			fenced = true
@@ -389,17 +389,10 @@ func (e *executor) boundedBatch(wait time.Duration, sql string, args ...any) *pg
 	if !e.inTx {
 		b.BeginTx(pgx.TxOptions{})
 	}
-	queueBounded(b, wait, sql, args...)
-	b.Queue(restoreLockTimeout)
-	return b
-}
-
-// queueBounded queues sql on b after the statement that saves the caller's
-// lock_timeout and sets ours. The caller must queue the restore next
-// (restoreLockTimeout, or claimRead which includes it).
-func queueBounded(b *pgx.Batch, wait time.Duration, sql string, args ...any) {
 	b.Queue(setLockTimeout, lockTimeout(wait))
 	b.Queue(sql, args...)
+	b.Queue(restoreLockTimeout)
+	return b
 }
 
 // execRestore reads the result of restoreLockTimeout.
@@ -408,17 +401,17 @@ func execRestore(ctx context.Context, br pgx.BatchResults) error {
 	return interpretError(ctx, err)
 }
 
-// sendBounded sends b, made by boundedBatch with wait (after nil) or
-// queued through queueBounded, and reads its results: read reads the
+// sendBounded sends b, made by boundedBatch with wait (after nil, sets 1)
+// or by claimBatch (sets 0), and reads its results: read reads the
 // bounded statement's and returns the driver's error; after reads those of
 // every statement queued after it, the restore first, and returns its
 // errors already interpreted; nil means the restore of boundedBatch alone.
 // A lock timeout of the bounded statement is returned as an
 // *idem.InProgressError. On the pool, it commits the batch's transaction,
 // or rolls it back after an error.
-func (e *executor) sendBounded(ctx context.Context, b *pgx.Batch, wait time.Duration, read, after func(pgx.BatchResults) error) error {
+func (e *executor) sendBounded(ctx context.Context, b *pgx.Batch, wait time.Duration, sets int, read, after func(pgx.BatchResults) error) error {
 	br := e.db.SendBatch(ctx, b)
-	err := e.readBounded(ctx, br, wait, read, after)
+	err := e.readBounded(ctx, br, wait, sets, read, after)
 	if closeErr := br.Close(); err == nil && closeErr != nil {
 		err = interpretError(ctx, closeErr)
 	}
@@ -439,10 +432,12 @@ func (e *executor) sendBounded(ctx context.Context, b *pgx.Batch, wait time.Dura
 	return interpretError(ctx, tx.Commit(ctx))
 }
 
-// readBounded reads the results of a bounded batch in order; after is as
-// for sendBounded.
-func (e *executor) readBounded(ctx context.Context, br pgx.BatchResults, wait time.Duration, read, after func(pgx.BatchResults) error) error {
-	n := 1 // set lock_timeout
+// readBounded reads the results of a bounded batch in order: BEGIN on the
+// pool, then sets statements before the bounded one (1 for setLockTimeout,
+// 0 for the claim, whose insert sets lock_timeout itself); after is as for
+// sendBounded.
+func (e *executor) readBounded(ctx context.Context, br pgx.BatchResults, wait time.Duration, sets int, read, after func(pgx.BatchResults) error) error {
+	n := sets
 	if !e.inTx {
 		n++ // begin
 	}

@@ -20,9 +20,9 @@ const recordColumns = `scope, idempotency_key, fingerprint, status, token, attem
 
 // The writes that may wait for another transaction holding the record (the
 // claim's insert, a takeover, a lease renewal) run as one pgx batch: save
-// the caller's lock_timeout and set ours (one statement), write, restore
-// (for the claim, the restore and the read of the record are one
-// statement). set_config(..., is_local => true) lasts until the restore
+// the caller's lock_timeout and set ours (one statement), write, restore.
+// The claim folds the first into its insert and the restore into its read
+// of the record: two statements. set_config(..., is_local => true) lasts until the restore
 // inside a caller's transaction, and is undone by a rollback.
 //
 // On the pool, the batch begins a transaction (pgx's Batch.BeginTx, no
@@ -53,8 +53,18 @@ const setLockTimeout = `SELECT set_config('idem.saved_lock_timeout', current_set
 // when it inserted: the times it computed, from which, with the arguments,
 // the executor builds the new record without scanning claimRead's row. Under REPEATABLE READ or SERIALIZABLE, a conflicting row
 // the snapshot cannot see raises a serialization failure (40001).
-const claimInsert = `WITH clock AS MATERIALIZED (
-	SELECT COALESCE($7::timestamptz, clock_timestamp()) AS ts
+//
+// It also does setLockTimeout's work, so that the claim needs no statement
+// of its own for it: the timeout CTE saves the caller's lock_timeout and
+// sets ours ($8). The INSERT cannot check for a conflict, let alone wait on
+// one, before its source row exists, and that row is read from clock, which
+// reads from timeout: the setting is in place before any wait begins, and
+// PostgreSQL reads lock_timeout when a wait starts.
+const claimInsert = `WITH timeout AS MATERIALIZED (
+	SELECT set_config('idem.saved_lock_timeout', current_setting('lock_timeout'), true) AS saved,
+		set_config('lock_timeout', $8::text, true) AS lock_timeout
+), clock AS MATERIALIZED (
+	SELECT COALESCE($7::timestamptz, clock_timestamp()) AS ts FROM timeout
 )
 INSERT INTO idempotency_keys (
 	scope, idempotency_key, fingerprint, status, token, attempt,
