@@ -24,6 +24,12 @@
 //   - a committed processing record with a live lease: [ErrInProgress] as an
 //     *[InProgressError] whose RetryAfter is the time left.
 //
+// On the pool, [Store.Claim] first reads the record by primary key, with no
+// transaction, lock or write: a completed record is immutable until its
+// retention deadline, so a replay or a mismatch is answered by that one
+// read, and only an absent, processing or expired record goes on to the
+// INSERT.
+//
 // Most callers use [Store.Do], which wraps all of this around a callback.
 //
 // # Caller transactions

@@ -259,6 +259,12 @@ func FinalFailure(resp *Response) error { return &FinalFailureError{Response: re
 // deadlock is retried up to Config.MaxTxRetries times before [ErrRetryable]
 // is returned.
 func (s *Store[TTx]) Claim(ctx context.Context, scope, key string, fp Fingerprint) (*Claim, error) {
+	if err := validate(scope, key); err != nil {
+		return nil, err
+	}
+	if c, done, err := s.replayFast(ctx, scope, key, fp); done {
+		return c, err
+	}
 	// On the pool each statement commits on its own, so a deadlock victim
 	// (possible on MySQL when claimers of one key pile up) lost nothing but
 	// that statement: trying again is safe, unlike inside a caller's tx.
@@ -271,6 +277,39 @@ func (s *Store[TTx]) Claim(ctx context.Context, scope, key string, fp Fingerprin
 			return nil, err
 		}
 	}
+}
+
+// replayFast answers a pool-level claim of a completed key with one plain
+// read by primary key on the pool: no transaction, no lock, no write. It is
+// correct because a completed record never changes until its retention
+// deadline, which the read checks with the database's clock (Executor.Get
+// returns only live records): the replay or mismatch it reports is exactly
+// what the claim would have decided at the moment of the read. done is false
+// when the key is absent, processing or past retention; the caller then
+// claims as usual (a new key pays this one extra primary-key read).
+//
+// Only the pool path uses it. Inside a caller's transaction the claim must
+// take the dialect's locks (MySQL's shared lock keeps a completed record
+// from being taken over until the transaction ends), and Do, which claims in
+// its own transaction, would pay the extra read on every new key for no
+// saving on its replays' round trips (on PostgreSQL the claim travels with
+// BEGIN).
+func (s *Store[TTx]) replayFast(ctx context.Context, scope, key string, fp Fingerprint) (_ *Claim, done bool, _ error) {
+	rec, err := s.dialect.DB().Get(ctx, &GetParams{Scope: scope, Key: key, Now: s.now()})
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, false, nil
+	case err != nil:
+		return nil, true, fmt.Errorf("idem: claim key %s: %w", digest.Key(scope, key), err)
+	case !rec.Status.Final():
+		return nil, false, nil
+	case !rec.Fingerprint.Equal(fp):
+		kd := digest.Key(scope, key)
+		s.logOutcome(ctx, kd, "fingerprint_mismatch")
+		return nil, true, fmt.Errorf("%w (key %s)", ErrFingerprint, kd)
+	}
+	s.logKey(ctx, scope, key, "replay")
+	return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, true, nil
 }
 
 // ClaimTx claims key in scope inside the caller's transaction tx, with the
@@ -309,7 +348,14 @@ func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, sc
 	if err := validate(scope, key); err != nil {
 		return nil, err
 	}
-	kd := digest.Key(scope, key)
+	// The key's digest, for errors and logs only: computed when first needed.
+	var digested string
+	kd := func() string {
+		if digested == "" {
+			digested = digest.Key(scope, key)
+		}
+		return digested
+	}
 	for round := range maxClaimRounds {
 		token := newToken()
 		p := &ClaimParams{
@@ -338,15 +384,15 @@ func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, sc
 			var inProgress *InProgressError
 			if errors.As(err, &inProgress) {
 				out := *inProgress
-				out.KeyDigest = kd
-				s.logOutcome(ctx, kd, "in_progress_uncommitted")
+				out.KeyDigest = kd()
+				s.logOutcome(ctx, kd(), "in_progress_uncommitted")
 				return nil, &out
 			}
-			return nil, fmt.Errorf("idem: claim key %s: %w", kd, err)
+			return nil, fmt.Errorf("idem: claim key %s: %w", kd(), err)
 		}
 		rec := res.Record
 		if res.Created {
-			s.logOutcome(ctx, kd, "acquired")
+			s.logKey(ctx, scope, key, "acquired")
 			return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt}, nil
 		}
 		if !rec.ExpiresAt.After(res.Now) {
@@ -371,39 +417,39 @@ func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, sc
 			}
 			if inProgress, ok := errors.AsType[*InProgressError](err); ok {
 				out := *inProgress
-				out.KeyDigest = kd
+				out.KeyDigest = kd()
 				return nil, &out
 			}
 			if err != nil {
-				return nil, fmt.Errorf("idem: claim expired key %s: %w", kd, err)
+				return nil, fmt.Errorf("idem: claim expired key %s: %w", kd(), err)
 			}
-			s.logOutcome(ctx, kd, "acquired_expired")
+			s.logOutcome(ctx, kd(), "acquired_expired")
 			return &Claim{Scope: scope, Key: key, Token: newTok, Attempt: 1, LeaseExpiresAt: res.Now.Add(s.cfg.LeaseDuration)}, nil
 		}
 		if !rec.Fingerprint.Equal(fp) {
-			s.logOutcome(ctx, kd, "fingerprint_mismatch")
-			return nil, fmt.Errorf("%w (key %s)", ErrFingerprint, kd)
+			s.logOutcome(ctx, kd(), "fingerprint_mismatch")
+			return nil, fmt.Errorf("%w (key %s)", ErrFingerprint, kd())
 		}
 		if rec.Status.Final() {
-			s.logOutcome(ctx, kd, "replay")
+			s.logKey(ctx, scope, key, "replay")
 			return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, nil
 		}
 		if rec.LeaseExpiresAt.After(res.Now) {
-			s.logOutcome(ctx, kd, "in_progress")
-			return nil, &InProgressError{KeyDigest: kd, RetryAfter: rec.LeaseExpiresAt.Sub(res.Now)}
+			s.logOutcome(ctx, kd(), "in_progress")
+			return nil, &InProgressError{KeyDigest: kd(), RetryAfter: rec.LeaseExpiresAt.Sub(res.Now)}
 		}
-		c, err := s.claimStale(ctx, exec, inTx, rec, res.Now, kd)
+		c, err := s.claimStale(ctx, exec, inTx, rec, res.Now, kd())
 		if errors.Is(err, ErrFenced) {
 			continue // another claimer, a reaper or a renewal got to the record first
 		}
 		if inProgress, ok := errors.AsType[*InProgressError](err); ok && inProgress.KeyDigest == "" {
 			out := *inProgress
-			out.KeyDigest = kd
+			out.KeyDigest = kd()
 			return nil, &out
 		}
 		return c, err
 	}
-	return nil, fmt.Errorf("idem: claim key %s: the record kept changing under concurrent writers: %w", kd, ErrRetryable)
+	return nil, fmt.Errorf("idem: claim key %s: the record kept changing under concurrent writers: %w", kd(), ErrRetryable)
 }
 
 // Complete stores resp as the successful result of the acquired claim c, in
@@ -445,7 +491,6 @@ func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, stat
 	if resp == nil {
 		return errors.New("idem: complete: nil response")
 	}
-	kd := digest.Key(c.Scope, c.Key)
 	err := exec.Complete(ctx, &CompleteParams{
 		Scope:     c.Scope,
 		Key:       c.Key,
@@ -456,9 +501,9 @@ func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, stat
 		Now:       s.now(),
 	})
 	if err != nil {
-		return fmt.Errorf("idem: complete key %s: %w", kd, err)
+		return fmt.Errorf("idem: complete key %s: %w", digest.Key(c.Scope, c.Key), err)
 	}
-	s.logOutcome(ctx, kd, "completed_"+status.String())
+	s.logKey(ctx, c.Scope, c.Key, completedOutcome(status))
 	return nil
 }
 
@@ -471,7 +516,6 @@ func (s *Store[TTx]) completeCommit(ctx context.Context, pipe TxPipeliner[TTx], 
 	if resp == nil {
 		return errors.New("idem: complete: nil response")
 	}
-	kd := digest.Key(c.Scope, c.Key)
 	err := pipe.CompleteCommit(ctx, tx, &CompleteParams{
 		Scope:     c.Scope,
 		Key:       c.Key,
@@ -482,9 +526,9 @@ func (s *Store[TTx]) completeCommit(ctx context.Context, pipe TxPipeliner[TTx], 
 		Now:       s.now(),
 	})
 	if err != nil {
-		return fmt.Errorf("idem: complete and commit key %s: %w", kd, err)
+		return fmt.Errorf("idem: complete and commit key %s: %w", digest.Key(c.Scope, c.Key), err)
 	}
-	s.logOutcome(ctx, kd, "completed_"+status.String())
+	s.logKey(ctx, c.Scope, c.Key, completedOutcome(status))
 	return nil
 }
 
@@ -729,7 +773,33 @@ func (s *Store[TTx]) now() *time.Time {
 	return &t
 }
 
+// debug reports whether the logger takes debug records, so that the hot
+// paths skip building them (a digest, a string) when it does not.
+func (s *Store[TTx]) debug(ctx context.Context) bool {
+	return s.cfg.Logger.Enabled(ctx, slog.LevelDebug)
+}
+
+// completedOutcome names a completion's outcome in logs, without building a
+// string on the hot path.
+func completedOutcome(status Status) string {
+	if status == StatusFailed {
+		return "completed_failed"
+	}
+	return "completed_succeeded"
+}
+
+// logKey is logOutcome for the hot paths: the digest is computed only when
+// the record is logged.
+func (s *Store[TTx]) logKey(ctx context.Context, scope, key, outcome string) {
+	if s.debug(ctx) {
+		s.logOutcome(ctx, digest.Key(scope, key), outcome)
+	}
+}
+
 func (s *Store[TTx]) logOutcome(ctx context.Context, keyDigest, outcome string) {
+	if !s.debug(ctx) {
+		return
+	}
 	s.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: "+outcome,
 		slog.String("dialect", s.dialect.Name()), slog.String("key", keyDigest))
 }

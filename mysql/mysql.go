@@ -25,6 +25,49 @@ type Dialect struct {
 	// server is nil until the first statement that bounds its lock wait
 	// has read it; see serverInfo.
 	server atomic.Pointer[serverInfo]
+	// prefix and claimSQL cache the statement texts built for the last
+	// lock wait bound used, so that a claim builds no string; Config's
+	// WaitTimeout is usually one value per Dialect.
+	prefix   atomic.Pointer[waitPrefix]
+	claimSQL atomic.Pointer[claimStatements]
+}
+
+// waitPrefix is the SET STATEMENT prefix for secs seconds.
+type waitPrefix struct {
+	secs int
+	text string
+}
+
+// claimStatements are the claim's statements with one prefix prepended.
+type claimStatements struct {
+	prefix, insert, insertReturning, sel string
+}
+
+// claimStatementsFor returns the claim's statements prefixed by prefix.
+func (d *Dialect) claimStatementsFor(prefix string) *claimStatements {
+	if c := d.claimSQL.Load(); c != nil && c.prefix == prefix {
+		return c
+	}
+	c := &claimStatements{
+		prefix:          prefix,
+		insert:          prefix + claimInsert,
+		insertReturning: prefix + claimInsertReturning,
+		sel:             prefix + claimSelect,
+	}
+	d.claimSQL.Store(c)
+	return c
+}
+
+// waitPrefixFor returns MariaDB's SET STATEMENT prefix bounding a lock wait
+// to secs seconds. SET STATEMENT takes no bind parameters: secs is an int
+// formatted here, never outside text.
+func (d *Dialect) waitPrefixFor(secs int) string {
+	if p := d.prefix.Load(); p != nil && p.secs == secs {
+		return p.text
+	}
+	p := &waitPrefix{secs: secs, text: "SET STATEMENT innodb_lock_wait_timeout=" + strconv.Itoa(secs) + " FOR "}
+	d.prefix.Store(p)
+	return p.text
 }
 
 // serverInfo is what a bounded lock wait must know about the server behind
@@ -193,7 +236,7 @@ func (e *executor) boundWait(ctx context.Context, wait time.Duration, fn func(h 
 	secs := lockWaitSeconds(wait)
 	prefix := ""
 	if srv.mariaDB {
-		prefix = "SET STATEMENT innodb_lock_wait_timeout=" + strconv.Itoa(secs) + " FOR "
+		prefix = e.d.waitPrefixFor(secs)
 	}
 	switch {
 	case e.db == nil && srv.mariaDB:
@@ -278,7 +321,7 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	var res *idem.ClaimResult
 	err := e.boundWait(ctx, p.WaitTimeout, func(h dbtx, prefix string) error {
 		var err error
-		res, err = claim(ctx, h, p, prefix)
+		res, err = claim(ctx, h, p, e.d.claimStatementsFor(prefix), e.d.server.Load().mariaDB)
 		return err
 	})
 	if err != nil {
@@ -287,22 +330,42 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	return res, nil
 }
 
-// claim runs claimInsert then claimSelect on h, each prefixed by prefix. The
-// insert's duplicate key error is expected and absorbed, by number: its
-// message quotes the key. Other errors are returned unclassified.
-func claim(ctx context.Context, h dbtx, p *idem.ClaimParams, prefix string) (*idem.ClaimResult, error) {
+// claim runs claimInsert then claimSelect on h, as prefixed in q; on
+// MariaDB, claimInsertReturning, followed by claimSelect only when the key
+// exists. The insert's duplicate key error is expected and absorbed, by
+// number: its message quotes the key. Other errors are returned
+// unclassified.
+func claim(ctx context.Context, h dbtx, p *idem.ClaimParams, q *claimStatements, mariaDB bool) (*idem.ClaimResult, error) {
 	now := pinned(p.Now)
 	scope, key := []byte(p.Scope), []byte(p.Key)
-	_, err := h.ExecContext(ctx, prefix+claimInsert,
+	args := [...]any{
 		scope, key, p.Fingerprint[:], idem.StatusProcessing, p.Token,
 		now, p.LeaseDuration.Microseconds(), now, now,
-		now, p.Retention.Microseconds())
+		now, p.Retention.Microseconds(),
+	}
+	var err error
+	if mariaDB {
+		var lease, created, expires dbTime
+		err = h.QueryRowContext(ctx, q.insertReturning, args[:]...).Scan(&lease, &created, &expires)
+		if err == nil {
+			// Exactly the stored record; created_at is the statement's clock.
+			rec := &idem.Record{
+				Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
+				Status: idem.StatusProcessing, Token: p.Token, Attempt: 1,
+				LeaseExpiresAt: lease.Time, CreatedAt: created.Time, UpdatedAt: created.Time,
+				ExpiresAt: expires.Time,
+			}
+			return &idem.ClaimResult{Record: rec, Created: true, Now: created.Time}, nil
+		}
+	} else {
+		_, err = h.ExecContext(ctx, q.insert, args[:]...)
+	}
 	created := err == nil
 	if err != nil && !isDupEntry(err) {
 		return nil, err
 	}
 	var dbNow dbTime
-	rec, err := scanRecord(h.QueryRowContext(ctx, prefix+claimSelect, scope, key), &dbNow)
+	rec, err := scanRecord(h.QueryRowContext(ctx, q.sel, scope, key), &dbNow)
 	if err != nil {
 		// sql.ErrNoRows: the record we conflicted with is gone already.
 		return nil, err

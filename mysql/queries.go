@@ -57,6 +57,16 @@ VALUES (?, ?, ?, ?, ?, 1,
 	DATE_ADD(` + now + `, INTERVAL ? MICROSECOND), ` + now + `, ` + now + `,
 	DATE_ADD(` + now + `, INTERVAL ? MICROSECOND))`
 
+// claimInsertReturning is claimInsert for MariaDB (10.5+), which returns the
+// times it computed: with the arguments they are the whole new record, so
+// the claim that acquires needs no second statement. When the key exists it
+// fails with 1062 like claimInsert, and claimSelect follows. MySQL lacks
+// RETURNING and runs claimInsert then claimSelect.
+//
+// Arguments: those of claimInsert.
+const claimInsertReturning = claimInsert + `
+RETURNING lease_expires_at, created_at, expires_at`
+
 // claimSelect reads the record after claimInsert, with the server's time.
 //
 // LOCK IN SHARE MODE makes it a locking read, which sees the latest committed

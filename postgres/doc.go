@@ -23,9 +23,12 @@
 //
 // # Claiming
 //
-// A claim is a pgx batch that sets lock_timeout for the duration of the
-// claim, runs INSERT ... ON CONFLICT DO NOTHING, restores the caller's
-// lock_timeout and reads the record: one round trip with a Tx method, two on
+// A claim is a pgx batch of two statements: INSERT ... ON CONFLICT DO
+// NOTHING, whose first CTE saves the caller's lock_timeout and sets idem's,
+// and a read of the record that restores the caller's lock_timeout (after an
+// insert, the record is built from the insert's RETURNING instead of that
+// read's row): one round trip
+// with a Tx method, two on
 // the pool (plus one per connection to prepare its statements under the
 // default statement cache). On the pool, the batch begins a transaction and
 // the COMMIT follows once its results are in: a claim whose context ends

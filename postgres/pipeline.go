@@ -31,8 +31,10 @@ func (d *Dialect) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, 
 	br := conn.Conn().SendBatch(ctx, b)
 	tx := &pipeTx{tx: br.Tx(), conn: conn}
 	e := &executor{db: conn.Conn()} // inTx false: readBounded reads BEGIN first
-	var cr claimReader
-	err = e.readBounded(ctx, br, p.WaitTimeout, cr.readInsert, cr.readRecord(ctx))
+	cr := claimReader{p: p}
+	err = e.readBounded(ctx, br, p.WaitTimeout, 0, cr.readInsert, func(br pgx.BatchResults) error {
+		return cr.readRecord(ctx, br)
+	})
 	if closeErr := br.Close(); err == nil && closeErr != nil {
 		err = interpretError(ctx, closeErr)
 	}

@@ -21,6 +21,9 @@ import (
 // with [New]; it is safe for concurrent use.
 type Dialect struct {
 	pool *pgxpool.Pool
+	// exec is the pool's Executor, made once: DB is on every pool-level
+	// call's path.
+	exec *executor
 }
 
 var _ idem.Dialect[pgx.Tx] = (*Dialect)(nil)
@@ -28,7 +31,7 @@ var _ idem.Dialect[pgx.Tx] = (*Dialect)(nil)
 // New returns a dialect that runs on pool. The pool's search_path decides
 // which schema's idempotency_keys table is used; pool must not be nil.
 func New(pool *pgxpool.Pool) *Dialect {
-	return &Dialect{pool: pool}
+	return &Dialect{pool: pool, exec: &executor{db: pool}}
 }
 
 // Name returns "postgres".
@@ -36,7 +39,7 @@ func (d *Dialect) Name() string { return "postgres" }
 
 // DB returns an Executor that runs each statement on the pool, outside any
 // caller transaction.
-func (d *Dialect) DB() idem.Executor { return &executor{db: d.pool} }
+func (d *Dialect) DB() idem.Executor { return d.exec }
 
 // errNilTx is returned for a nil pgx.Tx instead of a nil-pointer panic.
 var errNilTx = errors.New("idem: postgres: nil pgx.Tx")
@@ -116,30 +119,35 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	}
 	claimBatch(b, p)
 
-	var cr claimReader
-	if err := e.sendBounded(ctx, b, p.WaitTimeout, cr.readInsert, cr.readRecord(ctx)); err != nil {
+	cr := claimReader{p: p}
+	if err := e.sendBounded(ctx, b, p.WaitTimeout, 0, cr.readInsert, func(br pgx.BatchResults) error {
+		return cr.readRecord(ctx, br)
+	}); err != nil {
 		return nil, err
 	}
 	return cr.res, nil
 }
 
-// claimBatch queues the claim's statements on b, after what b already holds.
+// claimBatch queues the claim's two statements on b, after what b already
+// holds: set lock_timeout and insert, restore lock_timeout and read.
 func claimBatch(b *pgx.Batch, p *idem.ClaimParams) {
 	now := pinnedNow(p.Now)
-	queueBounded(b, p.WaitTimeout, claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
-		p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now)
+	b.Queue(claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
+		p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now, lockTimeout(p.WaitTimeout))
 	b.Queue(claimRead, p.Scope, p.Key, now)
 }
 
 // claimReader reads the results of the claim's insert and read.
 type claimReader struct {
+	p          *idem.ClaimParams
 	notCreated bool
 	res        *idem.ClaimResult
+	// Set by the insert when it inserted.
+	leaseExpiresAt, createdAt, expiresAt time.Time
 }
 
 func (cr *claimReader) readInsert(br pgx.BatchResults) error {
-	var token int64
-	err := br.QueryRow().Scan(&token)
+	err := br.QueryRow().Scan(&cr.leaseExpiresAt, &cr.createdAt, &cr.expiresAt)
 	if errors.Is(err, pgx.ErrNoRows) { // a record exists
 		cr.notCreated = true
 		return nil
@@ -147,16 +155,54 @@ func (cr *claimReader) readInsert(br pgx.BatchResults) error {
 	return err
 }
 
-func (cr *claimReader) readRecord(ctx context.Context) func(pgx.BatchResults) error {
-	return func(br pgx.BatchResults) error {
-		var now time.Time
-		rec, err := scanRecord(ctx, br.QueryRow(), &now)
-		if err != nil {
-			return err
+// readRecord reads claimRead's one row, whose record columns are NULL
+// when the record vanished ([idem.ErrNotFound]).
+func (cr *claimReader) readRecord(ctx context.Context, br pgx.BatchResults) error {
+	rows, err := br.Query()
+	if err != nil {
+		return interpretError(ctx, err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return interpretError(ctx, err)
 		}
-		cr.res = &idem.ClaimResult{Record: rec, Created: !cr.notCreated, Now: now.UTC()}
+		return fmt.Errorf("idem: postgres: claim read returned no row")
+	}
+	if !cr.notCreated {
+		// The record is the one the insert wrote: every value is known.
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return interpretError(ctx, err)
+		}
+		p := cr.p
+		created := cr.createdAt.UTC()
+		cr.res = &idem.ClaimResult{Created: true, Now: created, Record: &idem.Record{
+			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
+			Status: idem.StatusProcessing, Token: p.Token, Attempt: 1,
+			LeaseExpiresAt: cr.leaseExpiresAt.UTC(), CreatedAt: created, UpdatedAt: created,
+			ExpiresAt: cr.expiresAt.UTC(),
+		}}
 		return nil
 	}
+	if rows.RawValues()[0] == nil {
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return interpretError(ctx, err)
+		}
+		return idem.ErrNotFound
+	}
+	var now time.Time
+	rec, err := scanRecord(ctx, rows, &now)
+	if err != nil {
+		return err
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return interpretError(ctx, err)
+	}
+	cr.res = &idem.ClaimResult{Record: rec, Created: false, Now: now.UTC()}
+	return nil
 }
 
 // Takeover replaces the record while it still carries p.Token and meets
@@ -180,7 +226,7 @@ func (e *executor) Takeover(ctx context.Context, p *idem.TakeoverParams) error {
 		int32(p.Attempt), p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), pinnedNow(p.Now),
 		retentionExpired, leaseExpired)
 	var tag pgconn.CommandTag
-	err := e.sendBounded(ctx, b, p.WaitTimeout, func(br pgx.BatchResults) (err error) {
+	err := e.sendBounded(ctx, b, p.WaitTimeout, 1, func(br pgx.BatchResults) (err error) {
 		tag, err = br.Exec()
 		return err
 	}, nil)
@@ -261,7 +307,7 @@ func (e *executor) RenewLease(ctx context.Context, p *idem.RenewLeaseParams) (ti
 		leaseExpiresAt time.Time
 		fenced         bool
 	)
-	err := e.sendBounded(ctx, b, p.WaitTimeout, func(br pgx.BatchResults) error {
+	err := e.sendBounded(ctx, b, p.WaitTimeout, 1, func(br pgx.BatchResults) error {
 		err := br.QueryRow().Scan(&leaseExpiresAt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			fenced = true
@@ -335,37 +381,37 @@ func (e *executor) DeleteExpired(ctx context.Context, p *idem.DeleteExpiredParam
 const rollbackTimeout = 5 * time.Second
 
 // boundedBatch returns a batch that runs sql with its lock waits bounded by
-// wait: save the caller's lock_timeout, set ours, sql, restore. Statements
-// queued after it run with the caller's lock_timeout. On the pool, the batch
-// begins a transaction, which sendBounded commits in a second round trip
-// (see queries.go).
+// wait: save the caller's lock_timeout and set ours, sql, restore. On the
+// pool, the batch begins a transaction, which sendBounded commits in a
+// second round trip (see queries.go).
 func (e *executor) boundedBatch(wait time.Duration, sql string, args ...any) *pgx.Batch {
 	b := &pgx.Batch{}
 	if !e.inTx {
 		b.BeginTx(pgx.TxOptions{})
 	}
-	queueBounded(b, wait, sql, args...)
-	return b
-}
-
-// queueBounded queues sql on b between the save and set of lock_timeout and
-// its restore.
-func queueBounded(b *pgx.Batch, wait time.Duration, sql string, args ...any) {
-	b.Queue(saveLockTimeout)
 	b.Queue(setLockTimeout, lockTimeout(wait))
 	b.Queue(sql, args...)
 	b.Queue(restoreLockTimeout)
+	return b
 }
 
-// sendBounded sends b, made by boundedBatch with wait, and reads its
-// results: read reads the bounded statement's and returns the driver's
-// error; after, if not nil, reads those of the statements queued after the
-// restore and returns its errors already interpreted. A lock timeout of the
-// bounded statement is returned as an *idem.InProgressError. On the pool,
-// it commits the batch's transaction, or rolls it back after an error.
-func (e *executor) sendBounded(ctx context.Context, b *pgx.Batch, wait time.Duration, read, after func(pgx.BatchResults) error) error {
+// execRestore reads the result of restoreLockTimeout.
+func execRestore(ctx context.Context, br pgx.BatchResults) error {
+	_, err := br.Exec()
+	return interpretError(ctx, err)
+}
+
+// sendBounded sends b, made by boundedBatch with wait (after nil, sets 1)
+// or by claimBatch (sets 0), and reads its results: read reads the
+// bounded statement's and returns the driver's error; after reads those of
+// every statement queued after it, the restore first, and returns its
+// errors already interpreted; nil means the restore of boundedBatch alone.
+// A lock timeout of the bounded statement is returned as an
+// *idem.InProgressError. On the pool, it commits the batch's transaction,
+// or rolls it back after an error.
+func (e *executor) sendBounded(ctx context.Context, b *pgx.Batch, wait time.Duration, sets int, read, after func(pgx.BatchResults) error) error {
 	br := e.db.SendBatch(ctx, b)
-	err := e.readBounded(ctx, br, wait, read, after)
+	err := e.readBounded(ctx, br, wait, sets, read, after)
 	if closeErr := br.Close(); err == nil && closeErr != nil {
 		err = interpretError(ctx, closeErr)
 	}
@@ -386,9 +432,12 @@ func (e *executor) sendBounded(ctx context.Context, b *pgx.Batch, wait time.Dura
 	return interpretError(ctx, tx.Commit(ctx))
 }
 
-// readBounded reads the results of a boundedBatch in order.
-func (e *executor) readBounded(ctx context.Context, br pgx.BatchResults, wait time.Duration, read, after func(pgx.BatchResults) error) error {
-	n := 2 // save and set lock_timeout
+// readBounded reads the results of a bounded batch in order: BEGIN on the
+// pool, then sets statements before the bounded one (1 for setLockTimeout,
+// 0 for the claim, whose insert sets lock_timeout itself); after is as for
+// sendBounded.
+func (e *executor) readBounded(ctx context.Context, br pgx.BatchResults, wait time.Duration, sets int, read, after func(pgx.BatchResults) error) error {
+	n := sets
 	if !e.inTx {
 		n++ // begin
 	}
@@ -407,13 +456,10 @@ func (e *executor) readBounded(ctx context.Context, br pgx.BatchResults, wait ti
 		}
 		return interpretError(ctx, err)
 	}
-	if _, err := br.Exec(); err != nil { // restore lock_timeout
-		return interpretError(ctx, err)
+	if after == nil {
+		return execRestore(ctx, br)
 	}
-	if after != nil {
-		return after(br)
-	}
-	return nil
+	return after(br)
 }
 
 // scanRecord scans one row of recordColumns followed by extra destinations;

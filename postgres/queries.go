@@ -20,9 +20,10 @@ const recordColumns = `scope, idempotency_key, fingerprint, status, token, attem
 
 // The writes that may wait for another transaction holding the record (the
 // claim's insert, a takeover, a lease renewal) run as one pgx batch: save
-// the caller's lock_timeout, set ours, write, restore (and, for the claim,
-// read). set_config(..., is_local => true) lasts until the restore inside a
-// caller's transaction.
+// the caller's lock_timeout and set ours (one statement), write, restore.
+// The claim folds the first into its insert and the restore into its read
+// of the record: two statements. set_config(..., is_local => true) lasts until the restore
+// inside a caller's transaction, and is undone by a rollback.
 //
 // On the pool, the batch begins a transaction (pgx's Batch.BeginTx, no
 // extra round trip) and the executor commits it in a second round trip,
@@ -35,25 +36,35 @@ const recordColumns = `scope, idempotency_key, fingerprint, status, token, attem
 // ran out. With the COMMIT still to come from the client, the server rolls
 // the write back when it finds the connection closed.
 
-// saveLockTimeout stashes the caller's lock_timeout in a custom
-// transaction-local setting, because a batch cannot feed a result of one
-// statement into a later one.
-const saveLockTimeout = `SELECT set_config('idem.saved_lock_timeout', current_setting('lock_timeout'), true)`
-
-// setLockTimeout bounds the write's wait on another transaction: the claim's
-// insert waits on an uncommitted holder's transaction lock, an UPDATE on the
-// row lock of a transaction that changed the row, and lock_timeout applies
-// to both waits (SQLSTATE 55P03 when it runs out). $1 is a value such as
-// '5000ms'.
-const setLockTimeout = `SELECT set_config('lock_timeout', $1::text, true)`
+// setLockTimeout stashes the caller's lock_timeout in a custom
+// transaction-local setting (a batch cannot feed a result of one statement
+// into a later one) and then bounds the write's wait: the claim's insert
+// waits on an uncommitted holder's transaction lock, an UPDATE on the row
+// lock of a transaction that changed the row, and lock_timeout applies to
+// both waits (SQLSTATE 55P03 when it runs out). PostgreSQL evaluates a
+// target list from left to right, so the save reads the caller's value
+// before the set replaces it. $1 is a value such as '5000ms'.
+const setLockTimeout = `SELECT set_config('idem.saved_lock_timeout', current_setting('lock_timeout'), true),
+	set_config('lock_timeout', $1::text, true)`
 
 // claimInsert inserts a processing record unless one exists for the key.
 // ON CONFLICT DO NOTHING, not DO UPDATE: a replay takes no row lock and writes
 // no WAL, and an existing record is never overwritten. It returns a row only
-// when it inserted. Under REPEATABLE READ or SERIALIZABLE, a conflicting row
+// when it inserted: the times it computed, from which, with the arguments,
+// the executor builds the new record without scanning claimRead's row. Under REPEATABLE READ or SERIALIZABLE, a conflicting row
 // the snapshot cannot see raises a serialization failure (40001).
-const claimInsert = `WITH clock AS MATERIALIZED (
-	SELECT COALESCE($7::timestamptz, clock_timestamp()) AS ts
+//
+// It also does setLockTimeout's work, so that the claim needs no statement
+// of its own for it: the timeout CTE saves the caller's lock_timeout and
+// sets ours ($8). The INSERT cannot check for a conflict, let alone wait on
+// one, before its source row exists, and that row is read from clock, which
+// reads from timeout: the setting is in place before any wait begins, and
+// PostgreSQL reads lock_timeout when a wait starts.
+const claimInsert = `WITH timeout AS MATERIALIZED (
+	SELECT set_config('idem.saved_lock_timeout', current_setting('lock_timeout'), true) AS saved,
+		set_config('lock_timeout', $8::text, true) AS lock_timeout
+), clock AS MATERIALIZED (
+	SELECT COALESCE($7::timestamptz, clock_timestamp()) AS ts FROM timeout
 )
 INSERT INTO idempotency_keys (
 	scope, idempotency_key, fingerprint, status, token, attempt,
@@ -64,21 +75,31 @@ SELECT $1::text, $2::text, $3::bytea, 1, $4::bigint, 1,
 	clock.ts + $6::bigint * interval '1 microsecond'
 FROM clock
 ON CONFLICT (scope, idempotency_key) DO NOTHING
-RETURNING token`
+RETURNING lease_expires_at, created_at, expires_at`
 
 // restoreLockTimeout puts the caller's lock_timeout back right after the
-// write, so our bound covers the write and nothing else (not the claim's
-// read, nor the caller's later statements).
+// write, so our bound covers the write and nothing else (not the caller's
+// later statements).
 const restoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('idem.saved_lock_timeout'), true)`
 
-// claimRead reads the record as it is now. Under READ COMMITTED each
-// statement takes a new snapshot, so it sees the commit of a holder the
+// claimRead restores the caller's lock_timeout, as restoreLockTimeout does,
+// and reads the record as it is now, in one statement. Under READ COMMITTED
+// each statement takes a new snapshot, so it sees the commit of a holder the
 // insert waited for. It is a plain read, not FOR SHARE, to keep replays free
-// of row locks and WAL. No row means the conflicting record was deleted
-// after the insert saw it.
-const claimRead = `SELECT ` + recordColumns + `, COALESCE($3::timestamptz, clock_timestamp())
-FROM idempotency_keys
-WHERE scope = $1::text AND idempotency_key = $2::text`
+// of row locks and WAL.
+//
+// The restore sits in a one-row derived table on the preserved side of a
+// LEFT JOIN, so it runs whether or not the record exists (a derived table
+// with a volatile function is not flattened, and the preserved side is
+// always read). Its column is not returned. No record gives one row whose
+// record columns are NULL: the conflicting record was deleted after the
+// insert saw it.
+const claimRead = `SELECT ` + recordColumns + `, r.ts
+FROM (
+	SELECT set_config('lock_timeout', current_setting('idem.saved_lock_timeout'), true) AS restored,
+		COALESCE($3::timestamptz, clock_timestamp()) AS ts
+) r
+LEFT JOIN idempotency_keys ON scope = $1::text AND idempotency_key = $2::text`
 
 // takeover replaces the record with a new processing one, fenced by the token
 // the caller read and by the condition that let the caller take it over:

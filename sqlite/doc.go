@@ -18,8 +18,9 @@
 //	store, err := idem.New(idemsqlite.New(db), nil) // *idem.Store[*sql.Tx]
 //
 // Tested with SQLite 3.54.1 as shipped by modernc.org/sqlite v1.62.0 on
-// linux/amd64. The claim uses INSERT ... RETURNING, which needs SQLite 3.35
-// or later.
+// linux/amd64. The claim is INSERT ... ON CONFLICT DO NOTHING, whose
+// changed-row count tells whether it inserted; it needs SQLite 3.24 or later
+// (only the version above is tested).
 //
 // # Opening the database
 //

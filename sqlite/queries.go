@@ -12,16 +12,16 @@ const (
 
 	// claimInsert inserts a processing record (status 1, attempt 1) unless
 	// one exists for (scope, key). DO NOTHING never overwrites an existing
-	// record, and RETURNING yields a row only when this statement inserted
-	// one (SQLite 3.35+), so "no rows" means the key was taken. The caller
-	// holds the database's write lock (BEGIN IMMEDIATE), so nothing changes
-	// between this statement and claimSelect.
+	// record; the statement then changes no row, so RowsAffected 0 means
+	// the key was taken. No RETURNING: every value of the new record is
+	// computed in Go, so the claim builds it without reading it back. The
+	// caller holds the database's write lock (BEGIN IMMEDIATE), so nothing
+	// changes between this statement and claimSelect.
 	claimInsert = `INSERT INTO idempotency_keys (
 	scope, idempotency_key, fingerprint, status, token, attempt,
 	lease_expires_at, created_at, updated_at, expires_at
 ) VALUES (?, ?, ?, 1, ?, 1, ?, ?, ?, ?)
-ON CONFLICT (scope, idempotency_key) DO NOTHING
-RETURNING ` + recordColumns
+ON CONFLICT (scope, idempotency_key) DO NOTHING`
 
 	// claimSelect reads the record that made claimInsert do nothing. There
 	// is no expiry filter: Claim returns what it found and the Store decides.

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemstore/idem"
@@ -48,7 +50,7 @@ type Dialect struct {
 //
 // New performs no I/O, and the Dialect never closes db.
 func New(db *sql.DB) *Dialect {
-	return &Dialect{db: db, pool: &executor{h: db, pool: db}}
+	return &Dialect{db: db, pool: &executor{h: db, pool: db, get: &preparedStmt{db: db, query: getSelect}}}
 }
 
 // Name returns "sqlite".
@@ -109,6 +111,8 @@ func (d *Dialect) Rollback(_ context.Context, tx *sql.Tx) error {
 type executor struct {
 	h    dbtx
 	pool *sql.DB
+	// get is the pool's prepared Get; nil in a transaction.
+	get *preparedStmt
 }
 
 // Claim implements idem.Executor.
@@ -215,19 +219,30 @@ func busyMillis(d time.Duration) int {
 // statement, so that both statements see the same state.
 func claim(ctx context.Context, h dbtx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
 	now := clock(p.Now)
-	rec, err := scanRecord(h.QueryRowContext(ctx, claimInsert,
+	lease, expires := fromMicros(micros(now.Add(p.LeaseDuration))), fromMicros(micros(now.Add(p.Retention)))
+	res, err := h.ExecContext(ctx, claimInsert,
 		p.Scope, p.Key, p.Fingerprint[:], p.Token,
-		micros(now.Add(p.LeaseDuration)), micros(now), micros(now), micros(now.Add(p.Retention)),
-	))
-	if err == nil {
+		micros(lease), micros(now), micros(now), micros(expires),
+	)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if n == 1 {
+		// Exactly what the statement stored: the same microsecond values.
+		rec := &idem.Record{
+			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
+			Status: idem.StatusProcessing, Token: p.Token, Attempt: 1,
+			LeaseExpiresAt: lease, CreatedAt: now, UpdatedAt: now, ExpiresAt: expires,
+		}
 		return &idem.ClaimResult{Record: rec, Created: true, Now: now}, nil
 	}
-	if !errors.Is(err, idem.ErrNotFound) {
-		return nil, err
-	}
-	// No row returned: a record exists. ErrNotFound from this read means it
-	// vanished meanwhile, which the Store answers by claiming again.
-	rec, err = scanRecord(h.QueryRowContext(ctx, claimSelect, p.Scope, p.Key))
+	// A record exists. ErrNotFound from this read means it vanished
+	// meanwhile, which the Store answers by claiming again.
+	rec, err := scanRecord(h.QueryRowContext(ctx, claimSelect, p.Scope, p.Key))
 	if err != nil {
 		return nil, err
 	}
@@ -259,10 +274,47 @@ func (e *executor) Takeover(ctx context.Context, p *idem.TakeoverParams) error {
 	return affectedOne(res, err)
 }
 
-// Get implements idem.Executor.
+// Get implements idem.Executor. On the pool it runs a prepared statement:
+// it is the replay path of every pool-level claim, and modernc.org/sqlite
+// parses an unprepared statement anew on every call, which costs more than
+// reading the row.
 func (e *executor) Get(ctx context.Context, p *idem.GetParams) (*idem.Record, error) {
 	now := clock(p.Now)
+	if e.get != nil {
+		if st := e.get.stmt(ctx); st != nil {
+			return scanRecord(st.QueryRowContext(ctx, p.Scope, p.Key, micros(now)))
+		}
+	}
 	return scanRecord(e.h.QueryRowContext(ctx, getSelect, p.Scope, p.Key, micros(now)))
+}
+
+// preparedStmt is one statement prepared on the pool when first used.
+// database/sql keeps it prepared on each connection it runs on.
+type preparedStmt struct {
+	db    *sql.DB
+	query string
+	mu    sync.Mutex
+	st    atomic.Pointer[sql.Stmt]
+}
+
+// stmt returns the prepared statement, preparing it on first use; nil if
+// that failed (the caller then runs the query unprepared, and the next call
+// tries again).
+func (p *preparedStmt) stmt(ctx context.Context) *sql.Stmt {
+	if st := p.st.Load(); st != nil {
+		return st
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if st := p.st.Load(); st != nil {
+		return st
+	}
+	st, err := p.db.PrepareContext(ctx, p.query)
+	if err != nil {
+		return nil
+	}
+	p.st.Store(st)
+	return st
 }
 
 // Complete implements idem.Executor.

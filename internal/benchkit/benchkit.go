@@ -5,9 +5,10 @@
 //
 // Every scenario runs as a sub-benchmark of one benchmark, serially
 // (BenchmarkIdem/c=1/<scenario>) and from about 8 goroutines
-// (BenchmarkIdem/c=8/<scenario>), so that one `go test -bench` run measures
-// the bare business transaction next to each idempotent variant and the
-// ratio can be read directly (internal/cmd/benchratio prints it).
+// (BenchmarkIdem/c=8/<scenario>; other levels through [LevelsEnv]), so that
+// one `go test -bench` run measures the bare business transaction next to
+// each idempotent variant and the ratio can be read directly
+// (internal/cmd/benchratio prints it).
 // docs/performance.md describes the scenarios and the results.
 package benchkit
 
@@ -19,16 +20,43 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/idemstore/idem"
 )
 
-// Concurrency levels: serial, and about 8 goroutines (pool size 8).
-var levels = []int{1, 8}
+// defaultLevels are the concurrency levels measured by default: serial,
+// and about 8 goroutines (pool size 8).
+var defaultLevels = []int{1, 8}
+
+// LevelsEnv names the environment variable that replaces the default
+// concurrency levels with a comma-separated list, such as "1,8,32". c=32 is
+// not a default: its pools hold 32 connections per dialect for the whole
+// run (plus the other levels'), which a shared server with PostgreSQL's
+// default max_connections of 100 may not have to spare.
+const LevelsEnv = "IDEM_BENCH_CONC"
+
+// levels returns the concurrency levels to measure.
+func levels() ([]int, error) {
+	v := os.Getenv(LevelsEnv)
+	if v == "" {
+		return defaultLevels, nil
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 256 {
+			return nil, fmt.Errorf("%s=%q: want comma-separated concurrency levels from 1 to 256", LevelsEnv, v)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
 
 // Sizes of the workload, as in the lab measurements of issue 5.
 const (
@@ -111,8 +139,12 @@ type scenario struct {
 func Run[TTx any](b *testing.B, t Target[TTx]) {
 	b.Helper()
 	ctx := context.Background()
-	pools := make([]*Pools[TTx], len(levels))
-	for i, c := range levels {
+	concs, err := levels()
+	if err != nil {
+		b.Fatal(err)
+	}
+	pools := make([]*Pools[TTx], len(concs))
+	for i, c := range concs {
 		pools[i] = t.Open(b, c)
 	}
 
@@ -128,7 +160,7 @@ func Run[TTx any](b *testing.B, t Target[TTx]) {
 		b.Fatalf("snapshot: %v", err)
 	}
 
-	for i, c := range levels {
+	for i, c := range concs {
 		b.Run("c="+strconv.Itoa(c), func(b *testing.B) {
 			for _, s := range scenarios(pools[i], t.InsertOrder, keys) {
 				b.Run(s.name, func(b *testing.B) { measure(b, t, c, s.op) })
