@@ -8,7 +8,8 @@
 // (BenchmarkIdem/c=8/<scenario>; other levels through [LevelsEnv]), so that
 // one `go test -bench` run measures the bare business transaction next to
 // each idempotent variant and the ratio can be read directly
-// (internal/cmd/benchratio prints it).
+// (each scenario reports it as the x_bare or x_pk_select metric, and
+// internal/cmd/benchratio prints the tables).
 // docs/performance.md describes the scenarios and the results.
 package benchkit
 
@@ -162,10 +163,42 @@ func Run[TTx any](b *testing.B, t Target[TTx]) {
 
 	for i, c := range concs {
 		b.Run("c="+strconv.Itoa(c), func(b *testing.B) {
+			var base baselines
 			for _, s := range scenarios(pools[i], t.InsertOrder, keys) {
-				b.Run(s.name, func(b *testing.B) { measure(b, t, c, s.op) })
+				b.Run(s.name, func(b *testing.B) {
+					measure(b, t, c, s.op)
+					base.report(b, s.name)
+				})
 			}
 		})
+	}
+}
+
+// baselines keeps the ns/op of bare and pk_select, measured earlier in the
+// same run at the same concurrency, so that every other scenario reports its
+// throughput ratio to its baseline as a metric of its own: `go test -bench`
+// prints the ratio directly ("x_bare", "x_pk_select"; above 1 is faster than
+// the baseline), and benchstat compares it like ns/op.
+type baselines struct{ bare, pkSelect float64 }
+
+func (base *baselines) report(b *testing.B, scenario string) {
+	if b.N == 0 || b.Elapsed() <= 0 {
+		return
+	}
+	ns := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	switch scenario {
+	case "bare":
+		base.bare = ns
+	case "pk_select":
+		base.pkSelect = ns
+	case "replay", "mismatch":
+		if base.pkSelect > 0 {
+			b.ReportMetric(base.pkSelect/ns, "x_pk_select")
+		}
+	default:
+		if base.bare > 0 {
+			b.ReportMetric(base.bare/ns, "x_bare")
+		}
 	}
 }
 
@@ -299,6 +332,10 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 				return l.CompleteTx(ctx, tx, Response)
 			})
 		}},
+		{"pk_select", func(ctx context.Context) error {
+			k := seeded()
+			return p.PKSelect(ctx, k.scope, k.key)
+		}},
 		{"replay", func(ctx context.Context) error {
 			k := seeded()
 			c, err := rs.Claim(ctx, k.scope, k.key, fingerprint)
@@ -306,10 +343,6 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 				err = errors.New("replay: seeded key acquired")
 			}
 			return err
-		}},
-		{"pk_select", func(ctx context.Context) error {
-			k := seeded()
-			return p.PKSelect(ctx, k.scope, k.key)
 		}},
 		{"mismatch", func(ctx context.Context) error {
 			k := seeded()
