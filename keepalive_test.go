@@ -41,8 +41,8 @@ func TestKeepAliveStopCancelsRenewalInFlight(t *testing.T) {
 		require.NoError(t, err, "a renewal cancelled by stop is not a failure")
 	case <-time.After(3 * time.Second):
 		_ = d.Rollback(context.Background(), tx)
-		<-stopped
-		t.Fatal("stop waited for a renewal it should have cancelled")
+		err := <-stopped
+		t.Fatalf("stop waited for a renewal it should have cancelled (then returned %v)", err)
 	}
 	require.NoError(t, l.CompleteTx(ctx, tx, &idem.Response{StatusCode: 200}))
 	require.NoError(t, d.Commit(ctx, tx))

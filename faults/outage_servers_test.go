@@ -176,7 +176,7 @@ func (s *outageServer) logTail() string {
 // probe and the first start, which is unlikely enough on a test machine.
 func outageFreePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("find a free port: %v", err)
 	}
@@ -189,7 +189,7 @@ func outageFreePort(t *testing.T) int {
 // The server's cleanup removes it once the server is gone.
 func outageTempDir(t *testing.T, pattern string) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", pattern)
+	dir, err := os.MkdirTemp("", pattern) //nolint:usetesting // t.TempDir's parents are private to root; the postgres user must reach this one
 	if err != nil {
 		t.Fatalf("temporary directory: %v", err)
 	}
@@ -228,6 +228,7 @@ func outageStartPostgres(t *testing.T) (*outageServer, string) {
 	}
 	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
 	s.command = func() *exec.Cmd {
+		//nolint:noctx // the server outlives any one context: the test stops and kills it on purpose, and in t.Cleanup
 		return exec.Command(filepath.Join(outagePGBin, "postgres"), "-D", data, "-p", strconv.Itoa(s.port), "-k", dir,
 			"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "shared_buffers=16MB", "-c", "max_connections=40")
 	}
@@ -260,6 +261,7 @@ func outageStartMariaDB(t *testing.T) (*outageServer, string) {
 	}
 	dsn := fmt.Sprintf("root@tcp(127.0.0.1:%d)/?parseTime=true", s.port)
 	s.command = func() *exec.Cmd {
+		//nolint:noctx // the server outlives any one context: the test stops and kills it on purpose, and in t.Cleanup
 		return exec.Command(outageMariaDBD, "--no-defaults", "--datadir="+data, "--port="+strconv.Itoa(s.port),
 			"--bind-address=127.0.0.1", "--socket="+filepath.Join(dir, "mysqld.sock"), "--pid-file="+filepath.Join(dir, "mysqld.pid"),
 			"--user=root", "--skip-name-resolve", "--skip-log-bin", "--innodb-buffer-pool-size=16M", "--log-error="+s.log)

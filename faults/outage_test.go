@@ -115,7 +115,7 @@ func outageMySQL(t *testing.T) {
 		if err := rows.Err(); err != nil {
 			t.Fatalf("terminate: %v", err)
 		}
-		_ = rows.Close()
+		_ = rows.Close() //nolint:sqlclosecheck // closed before the KILLs below, which need the connection it holds
 		n := 0
 		for _, id := range ids {
 			// The driver interpolates the ID client-side (interpolateParams):
@@ -320,10 +320,7 @@ func (l *outageLoad) finish(t *testing.T, faults int, kind, notes string, recove
 	// Settle: a client retries with the same key until it gets its 201.
 	deadline := time.Now().Add(outageRecoverWithin)
 	for k, amount := range l.pending {
-		for {
-			if l.record(k, l.svc.post(ctx, k, amount)) {
-				break
-			}
+		for !l.record(k, l.svc.post(ctx, k, amount)) {
 			if time.Now().After(deadline) {
 				t.Errorf("%s: a key retried after the outage still failed after %s", l.svc.Dialect, outageRecoverWithin)
 				break

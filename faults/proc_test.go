@@ -309,7 +309,7 @@ func procStart(t *testing.T, bin string, args ...string) *procInstance {
 // procTryStart is procStart for goroutines other than the test's, which
 // must not call t.FailNow.
 func procTryStart(t *testing.T, bin string, args ...string) (*procInstance, error) {
-	//nolint:gosec // G204: the binary this test built, with the test's own arguments
+	//nolint:noctx // the service outlives any one context: the test kills it (SIGKILL is the point) or stops it in t.Cleanup
 	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
 	procOrphanGuard(cmd)
 	stdout, err := cmd.StdoutPipe()

@@ -68,7 +68,7 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 	if err := idemsqlite.Migrate(context.Background(), db); err != nil {
 		f.Fatal(err)
 	}
-	if _, err := db.Exec(`CREATE TABLE orders (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, idem_key TEXT NOT NULL, body_sha TEXT NOT NULL)`); err != nil {
+	if _, err := db.ExecContext(context.Background(), `CREATE TABLE orders (id INTEGER PRIMARY KEY, tenant TEXT NOT NULL, idem_key TEXT NOT NULL, body_sha TEXT NOT NULL)`); err != nil {
 		f.Fatal(err)
 	}
 	store, err := idem.New(idemsqlite.New(db), nil)
@@ -122,7 +122,7 @@ func (e *fuzzEnv) handle(w http.ResponseWriter, r *http.Request) {
 func (e *fuzzEnv) count(t *testing.T, query string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := e.db.QueryRow(query, args...).Scan(&n); err != nil {
+	if err := e.db.QueryRowContext(t.Context(), query, args...).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -159,7 +159,7 @@ func newFuzzInput(key, contentType, coding string, body []byte, repeat, flags in
 
 // request builds in's request for tenant, with a fresh body.
 func (in fuzzInput) request(tenant string) *http.Request {
-	r := httptest.NewRequest(http.MethodPost, "/orders", nil)
+	r := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/orders", nil)
 	var body io.Reader = bytes.NewReader(in.body)
 	if in.truncated {
 		body = io.MultiReader(body, errReader{io.ErrUnexpectedEOF})

@@ -3,6 +3,7 @@ package idemhttp_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -305,7 +306,7 @@ func hostileRequest(c hostileCase, caseID string, key []string) []byte {
 // goroutine, since a server that refuses a large body stops reading it) and
 // reads the response. halfClose shuts the writing side after the request.
 func rawExchange(addr string, req []byte, halfClose bool) (*reply, error) {
-	conn, err := net.Dial("tcp", addr)
+	conn, err := (&net.Dialer{}).DialContext(context.Background(), "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -433,7 +434,7 @@ func TestHostileInputMemory(t *testing.T) { // not parallel: it measures process
 		{"64 MiB sent, no Content-Length", func() io.Reader { return io.LimitReader(zeros{}, sent) }, ""},
 		{"gzip bomb decoding to 64 MiB", func() io.Reader { return bytes.NewReader(gzipBomb()) }, "gzip"},
 	} {
-		r := httptest.NewRequest(http.MethodPost, "/orders", c.body())
+		r := httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/orders", c.body())
 		r.ContentLength = -1
 		r.Header.Set("Idempotency-Key", newKey())
 		r.Header.Set("X-Tenant", "t1")

@@ -70,7 +70,7 @@ type tenantTally struct {
 	handlerCalled int
 }
 
-func (c *tenantTally) add(r *reply, t *testing.T) {
+func (c *tenantTally) add(t *testing.T, r *reply) {
 	t.Helper()
 	c.requests++
 	a := strconv.Itoa(r.status)
@@ -124,7 +124,7 @@ func testTenantIsolationModes[TTx any](t *testing.T, h harness[TTx], mode idemht
 	owners := map[string]string{} // order Location -> the tenant it was created for
 	record := func(r *reply, tn string) {
 		t.Helper()
-		tally.add(r, t)
+		tally.add(t, r)
 		if loc := r.header.Get("Location"); loc != "" {
 			if owner, ok := owners[loc]; !ok {
 				owners[loc] = tn

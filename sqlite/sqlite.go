@@ -281,7 +281,7 @@ func (e *executor) Takeover(ctx context.Context, p *idem.TakeoverParams) error {
 func (e *executor) Get(ctx context.Context, p *idem.GetParams) (*idem.Record, error) {
 	now := clock(p.Now)
 	if e.get != nil {
-		if st := e.get.stmt(ctx); st != nil {
+		if st := e.get.stmt(ctx); st != nil { //nolint:sqlclosecheck // cached for the life of the *sql.DB, which closes it
 			return scanRecord(st.QueryRowContext(ctx, p.Scope, p.Key, micros(now)))
 		}
 	}
@@ -309,7 +309,7 @@ func (p *preparedStmt) stmt(ctx context.Context) *sql.Stmt {
 	if st := p.st.Load(); st != nil {
 		return st
 	}
-	st, err := p.db.PrepareContext(ctx, p.query)
+	st, err := p.db.PrepareContext(ctx, p.query) //nolint:sqlclosecheck // kept for the life of the *sql.DB, which closes it
 	if err != nil {
 		return nil
 	}

@@ -274,7 +274,7 @@ func parseTargets(dialect, db string) ([]target, error) {
 		case strings.HasPrefix(db, "sqlite:"):
 			return []target{{"sqlite", strings.TrimPrefix(db, "sqlite:")}}, nil
 		}
-		return nil, errors.New("-db must start with postgres://, mysql:// or sqlite:")
+		return nil, errors.New("-db: want a postgres://, mysql:// or sqlite: prefix")
 	}
 	pg := target{"postgres", envOr("IDEM_TEST_POSTGRES_URL", defaultPostgresURL)}
 	my := target{"mysql", envOr("IDEM_TEST_MYSQL_DSN", defaultMySQLDSN)}

@@ -167,7 +167,7 @@ func TestRedisClient(t *testing.T) {
 func TestRedisClientDialError(t *testing.T) {
 	t.Parallel()
 	// A port nothing listens on: the listener is closed before the dial.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())

@@ -490,7 +490,8 @@ func newHTTPServer[TTx any](s *idem.Store[TTx], insert func(context.Context, TTx
 		write(w)
 	})))
 	mux.HandleFunc("POST /plain/orders", func(w http.ResponseWriter, r *http.Request) {
-		err := inTx(r.Context(), s, func(tx TTx) error { return insert(r.Context(), tx, "http") })
+		ctx := r.Context()
+		err := inTx(ctx, s, func(tx TTx) error { return insert(ctx, tx, "http") })
 		if err != nil {
 			http.Error(w, "no order", http.StatusInternalServerError)
 			return

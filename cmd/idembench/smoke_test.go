@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net"
 	"os"
@@ -76,7 +77,7 @@ func TestSmoke(t *testing.T) {
 }
 
 func redisUp(addr string) bool {
-	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	conn, err := (&net.Dialer{Timeout: 2 * time.Second}).DialContext(context.Background(), "tcp", addr)
 	if err != nil {
 		return false
 	}
@@ -92,16 +93,19 @@ func TestParseFlags(t *testing.T) {
 		check   func(t *testing.T, c *config)
 	}{
 		{args: []string{"-dialect", "all"}, check: func(t *testing.T, c *config) {
+			t.Helper()
 			require.Len(t, c.targets, 3)
 			require.Equal(t, []int{1, 8, 32, 64}, c.workers)
 			require.Len(t, c.scenarios, len(allScenarios))
 		}},
 		{args: []string{"-db", "mysql://root@tcp(127.0.0.1:3306)/test", "-scenarios", "bare, tx", "-workers", "2,4"}, check: func(t *testing.T, c *config) {
+			t.Helper()
 			require.Equal(t, []target{{"mysql", "root@tcp(127.0.0.1:3306)/test"}}, c.targets)
 			require.Equal(t, map[string]bool{"bare": true, "tx": true}, c.scenarios)
 			require.Equal(t, []int{2, 4}, c.workers)
 		}},
 		{args: []string{"-db", "postgres://u@h/db"}, check: func(t *testing.T, c *config) {
+			t.Helper()
 			require.Equal(t, "postgres", c.targets[0].dialect)
 		}},
 		{args: []string{"-db", "oracle://x"}, wantErr: "-db must start with"},

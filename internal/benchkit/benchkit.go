@@ -182,6 +182,7 @@ func Run[TTx any](b *testing.B, t Target[TTx]) {
 type baselines struct{ bare, pkSelect float64 }
 
 func (base *baselines) report(b *testing.B, scenario string) {
+	b.Helper()
 	if b.N == 0 || b.Elapsed() <= 0 {
 		return
 	}
