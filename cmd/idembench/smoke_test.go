@@ -108,7 +108,7 @@ func TestParseFlags(t *testing.T) {
 			t.Helper()
 			require.Equal(t, "postgres", c.targets[0].dialect)
 		}},
-		{args: []string{"-db", "oracle://x"}, wantErr: "-db must start with"},
+		{args: []string{"-db", "oracle://x"}, wantErr: "-db: want a postgres://, mysql:// or sqlite: prefix"},
 		{args: []string{"-dialect", "oracle"}, wantErr: "unknown dialect"},
 		{args: []string{"-workers", "0"}, wantErr: "not a positive number"},
 		{args: []string{"-scenarios", "nope"}, wantErr: "unknown scenario"},
