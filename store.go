@@ -485,22 +485,11 @@ func (s *Store[TTx]) FailTx(ctx context.Context, tx TTx, c *Claim, resp *Respons
 }
 
 func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, status Status, resp *Response) error {
-	if err := validateClaim(c); err != nil {
+	p, err := s.completeParams(c, status, resp)
+	if err != nil {
 		return err
 	}
-	if resp == nil {
-		return errors.New("idem: complete: nil response")
-	}
-	err := exec.Complete(ctx, &CompleteParams{
-		Scope:     c.Scope,
-		Key:       c.Key,
-		Token:     c.Token,
-		Status:    status,
-		Response:  resp,
-		Retention: s.cfg.Retention,
-		Now:       s.now(),
-	})
-	if err != nil {
+	if err := exec.Complete(ctx, p); err != nil {
 		return fmt.Errorf("idem: complete key %s: %w", digest.Key(c.Scope, c.Key), err)
 	}
 	s.logKey(ctx, c.Scope, c.Key, completedOutcome(status))
@@ -510,13 +499,27 @@ func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, stat
 // completeCommit is complete followed by the commit of tx, both through
 // pipe.CompleteCommit in one round trip.
 func (s *Store[TTx]) completeCommit(ctx context.Context, pipe TxPipeliner[TTx], tx TTx, c *Claim, status Status, resp *Response) error {
-	if err := validateClaim(c); err != nil {
+	p, err := s.completeParams(c, status, resp)
+	if err != nil {
 		return err
 	}
-	if resp == nil {
-		return errors.New("idem: complete: nil response")
+	if err := pipe.CompleteCommit(ctx, tx, p); err != nil {
+		return fmt.Errorf("idem: complete and commit key %s: %w", digest.Key(c.Scope, c.Key), err)
 	}
-	err := pipe.CompleteCommit(ctx, tx, &CompleteParams{
+	s.logKey(ctx, c.Scope, c.Key, completedOutcome(status))
+	return nil
+}
+
+// completeParams checks what complete and completeCommit were given and
+// builds the parameters both send.
+func (s *Store[TTx]) completeParams(c *Claim, status Status, resp *Response) (*CompleteParams, error) {
+	if err := validateClaim(c); err != nil {
+		return nil, err
+	}
+	if resp == nil {
+		return nil, errors.New("idem: complete: nil response")
+	}
+	return &CompleteParams{
 		Scope:     c.Scope,
 		Key:       c.Key,
 		Token:     c.Token,
@@ -524,12 +527,7 @@ func (s *Store[TTx]) completeCommit(ctx context.Context, pipe TxPipeliner[TTx], 
 		Response:  resp,
 		Retention: s.cfg.Retention,
 		Now:       s.now(),
-	})
-	if err != nil {
-		return fmt.Errorf("idem: complete and commit key %s: %w", digest.Key(c.Scope, c.Key), err)
-	}
-	s.logKey(ctx, c.Scope, c.Key, completedOutcome(status))
-	return nil
+	}, nil
 }
 
 // Release gives up the acquired claim c after a failure that is safe to

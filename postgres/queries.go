@@ -143,7 +143,11 @@ WHERE scope = $1::text AND idempotency_key = $2::text
 const complete = `WITH clock AS MATERIALIZED (
 	SELECT COALESCE($9::timestamptz, clock_timestamp()) AS ts
 )
-UPDATE idempotency_keys SET
+` + completeUpdate
+
+// completeUpdate is the UPDATE of complete and completeOrFail, which
+// precede it with the clock CTE.
+const completeUpdate = `UPDATE idempotency_keys SET
 	status = $4::smallint,
 	response_status = $5::integer,
 	response_headers = $6::bytea,
@@ -262,16 +266,7 @@ const migrationLockSchema = `SELECT COALESCE(current_schema(), '')`
 const completeOrFail = `WITH clock AS MATERIALIZED (
 	SELECT COALESCE($9::timestamptz, clock_timestamp()) AS ts
 ), completed AS (
-	UPDATE idempotency_keys SET
-		status = $4::smallint,
-		response_status = $5::integer,
-		response_headers = $6::bytea,
-		response_body = $7::bytea,
-		completed_at = clock.ts,
-		updated_at = clock.ts,
-		expires_at = clock.ts + $8::bigint * interval '1 microsecond'
-	FROM clock
-	WHERE scope = $1::text AND idempotency_key = $2::text AND token = $3::bigint AND status = 1
+` + completeUpdate + `
 	RETURNING 1
 )
 SELECT 1 / (SELECT count(*)::integer FROM completed)`
