@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"github.com/idemstore/idem/internal/workload"
 	"net"
 	"os"
 	"strings"
@@ -92,7 +93,7 @@ func TestRedisClient(t *testing.T) {
 	t.Cleanup(c.Close)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	t.Cleanup(cancel)
-	prefix := "idembench-test:" + newKey() + ":"
+	prefix := "idembench-test:" + workload.NewKey() + ":"
 	t.Cleanup(func() {
 		for _, k := range []string{"a", "ttl", "race", "bin"} {
 			_, _ = c.do(context.WithoutCancel(ctx), "DEL", prefix+k)

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -15,12 +13,11 @@ import (
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/idemhttp"
+	"github.com/idemstore/idem/internal/workload"
 )
 
-// Sizes of the workload, as in internal/benchkit and the lab runs of issue 5.
-const (
-	tenants = 100 // scopes
-)
+// tenants is the number of scopes, as in internal/benchkit and the lab runs of issue 5.
+const tenants = workload.Tenants
 
 // Scopes of the rows the tool writes with SQL rather than through idem.
 const (
@@ -33,34 +30,14 @@ const (
 	doneScope = "idembench-done-"
 )
 
-// response is what every completion stores: the 194-byte JSON answer of
-// internal/benchkit, so that the figures compare with BenchmarkIdem's.
-var response = &idem.Response{
-	StatusCode: http.StatusCreated,
-	Header:     http.Header{"Content-Type": {"application/json"}},
-	Body: []byte(`{"id":"ord_7GQ2V9X4KD8M3N5P","tenant":"tenant-42","status":"confirmed",` +
-		`"amount":{"value":"1999","currency":"EUR"},"created_at":"2025-11-30T11:41:07.123456Z",` +
-		`"items":[{"sku":"SKU-1234","qty":2}]}`),
-}
-
+// response is what every completion stores, fingerprint its request's:
+// those of internal/benchkit (package workload), so that the figures compare
+// with BenchmarkIdem's.
 var (
-	fingerprint = idem.NewFingerprint([]byte("POST /orders"), response.Body)
-	scopes      = func() []string {
-		s := make([]string, tenants)
-		for i := range s {
-			s[i] = fmt.Sprintf("tenant-%02d", i)
-		}
-		return s
-	}()
+	response    = workload.Response
+	fingerprint = workload.Fingerprint
+	scopes      = workload.Scopes
 )
-
-// newKey returns a fresh random 128-bit key in hex.
-func newKey() string {
-	var raw [16]byte
-	binary.LittleEndian.PutUint64(raw[:8], rand.Uint64()) //nolint:gosec // keys only need to be distinct
-	binary.LittleEndian.PutUint64(raw[8:], rand.Uint64()) //nolint:gosec // keys only need to be distinct
-	return hex.EncodeToString(raw[:])
-}
 
 func randomScope() string { return scopes[rand.IntN(tenants)] } //nolint:gosec // workload randomness
 
@@ -173,7 +150,7 @@ func (l *level[TTx]) scenarios() []*scenario {
 	seeded := func() seedKey { return l.seeds[rand.IntN(len(l.seeds))] } //nolint:gosec // workload randomness
 	claimTx := func(s *idem.Store[TTx]) func(ctx context.Context, _ int) error {
 		return func(ctx context.Context, _ int) error {
-			scope, key := randomScope(), newKey()
+			scope, key := randomScope(), workload.NewKey()
 			return inTx(ctx, s, func(tx TTx) error {
 				c, err := s.ClaimTx(ctx, tx, scope, key, fingerprint)
 				if err != nil {
@@ -198,14 +175,14 @@ func (l *level[TTx]) scenarios() []*scenario {
 		{name: "tx", op: claimTx(s)},
 		{name: "do", op: func(ctx context.Context, _ int) error {
 			i := rand.IntN(tenants) //nolint:gosec // workload randomness
-			res, err := s.Do(ctx, scopes[i], newKey(), fingerprint, callbacks[i])
+			res, err := s.Do(ctx, scopes[i], workload.NewKey(), fingerprint, callbacks[i])
 			if err == nil && res.Replayed {
 				err = errors.New("fresh key replayed")
 			}
 			return err
 		}},
 		{name: "separate", op: func(ctx context.Context, _ int) error {
-			scope, key := randomScope(), newKey()
+			scope, key := randomScope(), workload.NewKey()
 			c, err := s.Claim(ctx, scope, key, fingerprint)
 			if err != nil {
 				return err
@@ -221,7 +198,7 @@ func (l *level[TTx]) scenarios() []*scenario {
 			})
 		}},
 		{name: "leased", op: func(ctx context.Context, _ int) error {
-			scope, key := randomScope(), newKey()
+			scope, key := randomScope(), workload.NewKey()
 			lease, err := s.Acquire(ctx, scope, key, fingerprint)
 			if err != nil {
 				return err
@@ -417,7 +394,7 @@ func (l *level[TTx]) redisScenario() *scenario {
 	s, insert := l.p.store, l.b.insert
 	prefix := "idembench:" + l.runID + ":"
 	return &scenario{name: "redis", op: func(ctx context.Context, _ int) error {
-		scope, key := randomScope(), prefix+newKey()
+		scope, key := randomScope(), prefix+workload.NewKey()
 		ok, err := l.redis.SetNX(ctx, key, []byte("processing"), 30*time.Second)
 		if err != nil {
 			return err
@@ -441,7 +418,7 @@ func (l *level[TTx]) httpScenarios() []*scenario {
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", newKey())
+		req.Header.Set("Idempotency-Key", workload.NewKey())
 		resp, err := l.httpCli.Do(req)
 		if err != nil {
 			return err
@@ -524,7 +501,7 @@ func fill[TTx any](ctx context.Context, b *backend[TTx], a admin, prefix string,
 func seedKeys[TTx any](ctx context.Context, s *idem.Store[TTx], insert func(context.Context, TTx, string) error, n int) ([]seedKey, error) {
 	keys := make([]seedKey, n)
 	for i := range keys {
-		keys[i] = seedKey{scope: scopes[i%tenants], key: newKey()}
+		keys[i] = seedKey{scope: scopes[i%tenants], key: workload.NewKey()}
 	}
 	keys = append(keys, seedKey{scope: templateScope, key: templateKey})
 	const workers = 8

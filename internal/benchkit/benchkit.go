@@ -15,12 +15,9 @@ package benchkit
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"runtime"
 	"strconv"
@@ -29,6 +26,7 @@ import (
 	"testing"
 
 	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/internal/workload"
 )
 
 // defaultLevels are the concurrency levels measured by default: serial,
@@ -61,8 +59,8 @@ func levels() ([]int, error) {
 
 // Sizes of the workload, as in the lab measurements of issue 5.
 const (
-	tenants = 100  // scopes
-	seeds   = 1000 // completed keys that replay and mismatch read
+	tenants = workload.Tenants // scopes
+	seeds   = 1000             // completed keys that replay and mismatch read
 )
 
 // Pools is what a benchmark at one concurrency level runs on. Pool sizes
@@ -96,37 +94,15 @@ type Target[TTx any] struct {
 	Reset    func(ctx context.Context) error
 }
 
-// Response is the answer every completion stores: 194 B of JSON.
-var Response = &idem.Response{
-	StatusCode: http.StatusCreated,
-	Header:     http.Header{"Content-Type": {"application/json"}},
-	Body: []byte(`{"id":"ord_7GQ2V9X4KD8M3N5P","tenant":"tenant-42","status":"confirmed",` +
-		`"amount":{"value":"1999","currency":"EUR"},"created_at":"2025-11-30T11:41:07.123456Z",` +
-		`"items":[{"sku":"SKU-1234","qty":2}]}`),
-}
+// Response is what every completion stores (workload.Response).
+var Response = workload.Response
 
 var (
-	fingerprint = idem.NewFingerprint([]byte("POST /orders"), Response.Body)
+	fingerprint = workload.Fingerprint
 	// otherFingerprint is a different request presented with a seeded key.
 	otherFingerprint = idem.NewFingerprint([]byte("POST /orders"), []byte(`{"amount":1}`))
-	scopes           = func() []string {
-		s := make([]string, tenants)
-		for i := range s {
-			s[i] = fmt.Sprintf("tenant-%02d", i)
-		}
-		return s
-	}()
+	scopes           = workload.Scopes
 )
-
-// newKey returns a fresh random 128-bit key in hex.
-func newKey() string {
-	var raw [16]byte
-	for i := range 2 {
-		u := rand.Uint64() //nolint:gosec // not security-sensitive: benchmark keys only need to be distinct
-		binary.LittleEndian.PutUint64(raw[8*i:], u)
-	}
-	return hex.EncodeToString(raw[:])
-}
 
 type seedKey struct{ scope, key string }
 
@@ -152,7 +128,7 @@ func Run[TTx any](b *testing.B, t Target[TTx]) {
 	// Seed the replay targets through the library itself, then keep them.
 	keys := make([]seedKey, seeds)
 	for i := range keys {
-		keys[i] = seedKey{scope: scopes[i%tenants], key: newKey()}
+		keys[i] = seedKey{scope: scopes[i%tenants], key: workload.NewKey()}
 	}
 	if err := seed(ctx, pools[len(pools)-1].Store, t.InsertOrder, keys); err != nil {
 		b.Fatalf("seed: %v", err)
@@ -278,7 +254,7 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 			return inTx(ctx, func(tx TTx) error { return insert(ctx, tx, tenant) })
 		}},
 		{"tx", func(ctx context.Context) error {
-			scope, key := scopes[rand.IntN(tenants)], newKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
+			scope, key := scopes[rand.IntN(tenants)], workload.NewKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
 			return inTx(ctx, func(tx TTx) error {
 				c, err := s.ClaimTx(ctx, tx, scope, key, fingerprint)
 				if err != nil {
@@ -295,14 +271,14 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 		}},
 		{"do", func(ctx context.Context) error {
 			i := rand.IntN(tenants) //nolint:gosec // not security-sensitive: benchmark workload randomness
-			res, err := s.Do(ctx, scopes[i], newKey(), fingerprint, callbacks[i])
+			res, err := s.Do(ctx, scopes[i], workload.NewKey(), fingerprint, callbacks[i])
 			if err == nil && res.Replayed {
 				err = errors.New("do: fresh key replayed")
 			}
 			return err
 		}},
 		{"separate_tx", func(ctx context.Context) error {
-			scope, key := scopes[rand.IntN(tenants)], newKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
+			scope, key := scopes[rand.IntN(tenants)], workload.NewKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
 			c, err := s.Claim(ctx, scope, key, fingerprint)
 			if err != nil {
 				return err
@@ -318,7 +294,7 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 			})
 		}},
 		{"leased", func(ctx context.Context) error {
-			scope, key := scopes[rand.IntN(tenants)], newKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
+			scope, key := scopes[rand.IntN(tenants)], workload.NewKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
 			l, err := s.Acquire(ctx, scope, key, fingerprint)
 			if err != nil {
 				return err
