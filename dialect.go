@@ -159,14 +159,30 @@ type ClaimParams struct {
 	WaitTimeout time.Duration
 	// Now pins the clock; nil means the database's clock.
 	Now *time.Time
+	// Defer asks for a deferred claim, and is set only by [Store.Do],
+	// inside a transaction of Dialect.Begin whose caller never sees the
+	// record before it is complete. A dialect that supports it writes
+	// nothing when the key is free: it takes a lock on the key that every
+	// Claim of the dialect also takes (or the database's write lock already
+	// serialises writers), held until the transaction ends, and reports
+	// Deferred. The completion then inserts the finished record (see
+	// CompleteParams.Insert): one row version instead of an insert and an
+	// update. The waiting and reading rules of Claim are unchanged. A
+	// dialect that does not support it ignores Defer and claims as usual.
+	Defer bool
 }
 
 // ClaimResult is the answer of [Executor.Claim].
 type ClaimResult struct {
 	// Record is the record as it is now: the new one when Created.
 	Record *Record
-	// Created is true when this call inserted Record.
+	// Created is true when this call acquired the key: it inserted Record
+	// or, with Deferred, holds the key's lock and Record is the record the
+	// completion will insert (not yet written).
 	Created bool
+	// Deferred is true when a claim with ClaimParams.Defer acquired the
+	// key without writing: the completion must insert the record.
+	Deferred bool
 	// Now is the database's time (or the pinned Now) at which Record was read.
 	Now time.Time
 }
@@ -233,6 +249,16 @@ type CompleteParams struct {
 	Retention time.Duration
 	// Now pins the clock; nil means the database's clock.
 	Now *time.Time
+	// Insert is set after a deferred claim (ClaimResult.Deferred): no
+	// record exists, and Complete inserts the finished record with Token,
+	// Fingerprint, Attempt 1, CreatedAt and LeaseExpiresAt, the times of the
+	// claim. If a record for the key exists nonetheless (written by a
+	// claimer that does not take the key's lock, such as an older idem),
+	// it is left alone and Complete returns [ErrFenced].
+	Insert         bool
+	Fingerprint    Fingerprint
+	CreatedAt      time.Time
+	LeaseExpiresAt time.Time
 }
 
 // ReleaseParams are the arguments of [Executor.Release].

@@ -203,6 +203,12 @@ type Claim struct {
 	// same fingerprint. The caller must answer with Replay.Response and must
 	// not run the business effect again.
 	Replay *Record
+
+	// deferred is set by Do's deferred claims: no record exists yet, and
+	// the completion inserts it with fingerprint and createdAt.
+	deferred    bool
+	fingerprint Fingerprint
+	createdAt   time.Time
 }
 
 // Acquired reports whether the caller owns the key and must run the
@@ -334,16 +340,17 @@ func (s *Store[TTx]) ClaimTx(ctx context.Context, tx TTx, scope, key string, fp 
 // claim runs the decision table on exec; inTx tells that exec is a caller's
 // transaction, where a stale lease's status check must not run.
 func (s *Store[TTx]) claim(ctx context.Context, exec Executor, inTx bool, scope, key string, fp Fingerprint) (*Claim, error) {
-	return s.claimFrom(ctx, exec, inTx, scope, key, fp, nil)
+	return s.claimFrom(ctx, exec, inTx, scope, key, fp, nil, false)
 }
 
 // claimFrom is claim whose first Claim, when first is not nil, is made by
 // first instead of exec.Claim: first returns the claim's result and the
 // Executor every later statement runs on (a pipelined BeginClaim returns
 // the transaction it began). exec may then be nil. Every result goes
-// through the same decision table.
+// through the same decision table. deferred asks for a deferred claim
+// (ClaimParams.Defer): only Do, whose callback never sees the record, asks.
 func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, scope, key string, fp Fingerprint,
-	first func(p *ClaimParams) (Executor, *ClaimResult, error),
+	first func(p *ClaimParams) (Executor, *ClaimResult, error), deferred bool,
 ) (*Claim, error) {
 	if err := validate(scope, key); err != nil {
 		return nil, err
@@ -367,6 +374,7 @@ func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, sc
 			Retention:     s.cfg.Retention,
 			WaitTimeout:   s.cfg.WaitTimeout,
 			Now:           s.now(),
+			Defer:         deferred,
 		}
 		var (
 			res *ClaimResult
@@ -393,7 +401,11 @@ func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, sc
 		rec := res.Record
 		if res.Created {
 			s.logKey(ctx, scope, key, "acquired")
-			return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt}, nil
+			c := &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt}
+			if res.Deferred {
+				c.deferred, c.fingerprint, c.createdAt = true, fp, rec.CreatedAt
+			}
+			return c, nil
 		}
 		if !rec.ExpiresAt.After(res.Now) {
 			// Past retention the old intent is forgotten: claim the key
@@ -490,7 +502,7 @@ func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, stat
 		return err
 	}
 	if err := exec.Complete(ctx, p); err != nil {
-		return fmt.Errorf("idem: complete key %s: %w", digest.Key(c.Scope, c.Key), err)
+		return fmt.Errorf("idem: complete key %s: %w", digest.Key(c.Scope, c.Key), deferredConflict(c, err))
 	}
 	s.logKey(ctx, c.Scope, c.Key, completedOutcome(status))
 	return nil
@@ -504,7 +516,7 @@ func (s *Store[TTx]) completeCommit(ctx context.Context, pipe TxPipeliner[TTx], 
 		return err
 	}
 	if err := pipe.CompleteCommit(ctx, tx, p); err != nil {
-		return fmt.Errorf("idem: complete and commit key %s: %w", digest.Key(c.Scope, c.Key), err)
+		return fmt.Errorf("idem: complete and commit key %s: %w", digest.Key(c.Scope, c.Key), deferredConflict(c, err))
 	}
 	s.logKey(ctx, c.Scope, c.Key, completedOutcome(status))
 	return nil
@@ -520,14 +532,30 @@ func (s *Store[TTx]) completeParams(c *Claim, status Status, resp *Response) (*C
 		return nil, errors.New("idem: complete: nil response")
 	}
 	return &CompleteParams{
-		Scope:     c.Scope,
-		Key:       c.Key,
-		Token:     c.Token,
-		Status:    status,
-		Response:  resp,
-		Retention: s.cfg.Retention,
-		Now:       s.now(),
+		Scope:          c.Scope,
+		Key:            c.Key,
+		Token:          c.Token,
+		Status:         status,
+		Response:       resp,
+		Retention:      s.cfg.Retention,
+		Now:            s.now(),
+		Insert:         c.deferred,
+		Fingerprint:    c.fingerprint,
+		CreatedAt:      c.createdAt,
+		LeaseExpiresAt: c.LeaseExpiresAt,
 	}, nil
+}
+
+// deferredConflict marks ErrFenced from the completion of a deferred claim
+// as retryable: a record appeared under the key although its lock was held,
+// written by a claimer that does not take the lock (an older idem during a
+// rolling upgrade). The transaction is rolled back; Do's next try finds the
+// record and answers from it.
+func deferredConflict(c *Claim, err error) error {
+	if c.deferred && errors.Is(err, ErrFenced) {
+		return fmt.Errorf("%w (a record for the key was written without its lock): %w", err, ErrRetryable)
+	}
+	return err
 }
 
 // Release gives up the acquired claim c after a failure that is safe to
@@ -650,9 +678,9 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 			tx, res, berr = pipe.BeginClaim(ctx, p)
 			began = true
 			return s.dialect.Tx(tx), res, berr
-		})
+		}, true)
 	} else {
-		c, err = s.ClaimTx(ctx, tx, scope, key, fp)
+		c, err = s.claimFrom(ctx, s.dialect.Tx(tx), true, scope, key, fp, nil, true)
 	}
 	if errors.Is(err, errStaleLease) {
 		// A crashed leased holder's record: the status check must not run

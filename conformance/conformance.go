@@ -120,6 +120,7 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, waitCases[TTx]()...)
 	all = append(all, retentionCases[TTx]()...)
 	all = append(all, concurrencyCases[TTx]()...)
+	all = append(all, mixedCases[TTx]()...)
 	all = append(all, leaseCases[TTx]()...)
 	all = append(all, reaperCases[TTx]()...)
 	all = append(all, raceCases[TTx]()...)

@@ -38,6 +38,13 @@ func (d *Dialect) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, 
 	if closeErr := br.Close(); err == nil && closeErr != nil {
 		err = interpretError(ctx, closeErr)
 	}
+	if err == nil && cr.insertAfterAll {
+		// The server's default isolation is not READ COMMITTED: one more
+		// round trip, on this transaction only.
+		var res *idem.ClaimResult
+		res, err = claimInserting(ctx, tx, p)
+		cr.res = res
+	}
 	if err != nil {
 		if inProgress, ok := errors.AsType[*idem.InProgressError](err); ok {
 			inProgress.TxAborted = true // our transaction, left open and aborted
@@ -65,12 +72,12 @@ func (d *Dialect) CompleteCommit(ctx context.Context, tx pgx.Tx, p *idem.Complet
 	if pt.done {
 		return interpretError(ctx, pgx.ErrTxClosed)
 	}
-	args, err := completeArgs(p)
+	query, args, err := completeQuery(p, true)
 	if err != nil {
 		return err
 	}
 	b := &pgx.Batch{}
-	b.Queue(completeOrFail, args...)
+	b.Queue(query, args...)
 	b.Queue("COMMIT")
 	br := pt.tx.SendBatch(ctx, b)
 	_, err = br.Exec()

@@ -125,28 +125,57 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	}); err != nil {
 		return nil, err
 	}
+	if cr.insertAfterAll {
+		return claimInserting(ctx, e.db, p)
+	}
 	return cr.res, nil
 }
 
+// claimInserting claims with an insert in tx, after a deferred claim found
+// the key free in a transaction whose snapshot may be stale (not READ
+// COMMITTED): the insert checks the newest committed state for a conflict,
+// and under REPEATABLE READ or SERIALIZABLE reports a record its snapshot
+// hides as a serialization failure. It already holds the key's lock.
+func claimInserting(ctx context.Context, tx dbtx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
+	again := *p
+	again.Defer = false
+	return (&executor{db: tx, inTx: true}).Claim(ctx, &again)
+}
+
 // claimBatch queues the claim's two statements on b, after what b already
-// holds: set lock_timeout and insert, restore lock_timeout and read.
+// holds: set lock_timeout and insert (or, for a deferred claim, take the
+// key's lock), restore lock_timeout and read.
 func claimBatch(b *pgx.Batch, p *idem.ClaimParams) {
 	now := pinnedNow(p.Now)
-	b.Queue(claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
-		p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now, lockTimeout(p.WaitTimeout))
+	if p.Defer {
+		b.Queue(claimLock, p.Scope, p.Key, lockTimeout(p.WaitTimeout))
+	} else {
+		b.Queue(claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
+			p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now, lockTimeout(p.WaitTimeout))
+	}
 	b.Queue(claimRead, p.Scope, p.Key, now)
 }
 
-// claimReader reads the results of the claim's insert and read.
+// claimReader reads the results of the claim's insert (or lock) and read.
 type claimReader struct {
 	p          *idem.ClaimParams
 	notCreated bool
 	res        *idem.ClaimResult
 	// Set by the insert when it inserted.
 	leaseExpiresAt, createdAt, expiresAt time.Time
+	// isolation is the transaction's isolation level, read by a deferred
+	// claim's lock statement.
+	isolation string
+	// insertAfterAll is set when a deferred claim found no record in a
+	// snapshot that may predate the lock: the caller claims with an insert.
+	insertAfterAll bool
 }
 
 func (cr *claimReader) readInsert(br pgx.BatchResults) error {
+	if cr.p.Defer {
+		cr.notCreated = true // nothing inserted: the read decides
+		return br.QueryRow().Scan(&cr.isolation)
+	}
 	err := br.QueryRow().Scan(&cr.leaseExpiresAt, &cr.createdAt, &cr.expiresAt)
 	if errors.Is(err, pgx.ErrNoRows) { // a record exists
 		cr.notCreated = true
@@ -186,6 +215,9 @@ func (cr *claimReader) readRecord(ctx context.Context, br pgx.BatchResults) erro
 		return nil
 	}
 	if rows.RawValues()[0] == nil {
+		if cr.p.Defer {
+			return cr.readFree(ctx, rows)
+		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return interpretError(ctx, err)
@@ -202,6 +234,39 @@ func (cr *claimReader) readRecord(ctx context.Context, br pgx.BatchResults) erro
 		return interpretError(ctx, err)
 	}
 	cr.res = &idem.ClaimResult{Record: rec, Created: false, Now: now.UTC()}
+	return nil
+}
+
+// readFree finishes a deferred claim that found no record: the key is free
+// and its lock held, so the claim is acquired with nothing written, at the
+// read's clock (the last column; the record's are NULL). Unless the
+// snapshot may predate the lock (see claimLock): then insertAfterAll.
+func (cr *claimReader) readFree(ctx context.Context, rows pgx.Rows) error {
+	var (
+		now  time.Time
+		dest [recordColumnCount + 1]any
+	)
+	dest[recordColumnCount] = &now
+	err := rows.Scan(dest[:]...)
+	rows.Close()
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil {
+		return interpretError(ctx, err)
+	}
+	if cr.isolation != "read committed" {
+		cr.insertAfterAll = true
+		return nil
+	}
+	p := cr.p
+	now = now.UTC().Truncate(time.Microsecond)
+	cr.res = &idem.ClaimResult{Created: true, Deferred: true, Now: now, Record: &idem.Record{
+		Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
+		Status: idem.StatusProcessing, Token: p.Token, Attempt: 1,
+		LeaseExpiresAt: now.Add(p.LeaseDuration.Truncate(time.Microsecond)), CreatedAt: now, UpdatedAt: now,
+		ExpiresAt: now.Add(p.Retention.Truncate(time.Microsecond)),
+	}}
 	return nil
 }
 
@@ -265,14 +330,40 @@ func completeArgs(p *idem.CompleteParams) ([]any, error) {
 		int32(resp.StatusCode), header, body, p.Retention.Microseconds(), pinnedNow(p.Now)}, nil
 }
 
-// Complete stores the response while the record is processing and carries
-// p.Token.
-func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
+// completeQuery returns the completion statement for p and its arguments:
+// complete (or, with orFail, completeOrFail), or for a deferred claim's
+// completion (p.Insert) completeInsert (completeInsertOrFail).
+func completeQuery(p *idem.CompleteParams, orFail bool) (string, []any, error) {
 	args, err := completeArgs(p)
+	if err != nil {
+		return "", nil, err
+	}
+	switch {
+	case p.Insert:
+		// completeArgs' order is scope, key, token, status, code, header,
+		// body, retention, now; completeInsertBody's is its own.
+		args = []any{args[0], args[1], p.Fingerprint[:], args[3], args[2],
+			p.LeaseExpiresAt.UTC().Truncate(time.Microsecond),
+			args[4], args[5], args[6], p.CreatedAt.UTC().Truncate(time.Microsecond), args[7], args[8]}
+		if orFail {
+			return completeInsertOrFail, args, nil
+		}
+		return completeInsert, args, nil
+	case orFail:
+		return completeOrFail, args, nil
+	default:
+		return complete, args, nil
+	}
+}
+
+// Complete stores the response while the record is processing and carries
+// p.Token, or, after a deferred claim, inserts the finished record.
+func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
+	query, args, err := completeQuery(p, false)
 	if err != nil {
 		return err
 	}
-	tag, err := e.db.Exec(ctx, complete, args...)
+	tag, err := e.db.Exec(ctx, query, args...)
 	if err != nil {
 		return interpretError(ctx, err)
 	}

@@ -18,6 +18,9 @@ package postgres
 const recordColumns = `scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
 	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at`
 
+// recordColumnCount is the number of columns in recordColumns.
+const recordColumnCount = 14
+
 // The writes that may wait for another transaction holding the record (the
 // claim's insert, a takeover, a lease renewal) run as one pgx batch: save
 // the caller's lock_timeout and set ours (one statement), write, restore.
@@ -51,8 +54,9 @@ const setLockTimeout = `SELECT set_config('idem.saved_lock_timeout', current_set
 // ON CONFLICT DO NOTHING, not DO UPDATE: a replay takes no row lock and writes
 // no WAL, and an existing record is never overwritten. It returns a row only
 // when it inserted: the times it computed, from which, with the arguments,
-// the executor builds the new record without scanning claimRead's row. Under REPEATABLE READ or SERIALIZABLE, a conflicting row
-// the snapshot cannot see raises a serialization failure (40001).
+// the executor builds the new record without scanning claimRead's row. Under
+// REPEATABLE READ or SERIALIZABLE, a conflicting row the snapshot cannot see
+// raises a serialization failure (40001).
 //
 // It also does setLockTimeout's work, so that the claim needs no statement
 // of its own for it: the timeout CTE saves the caller's lock_timeout and
@@ -60,11 +64,28 @@ const setLockTimeout = `SELECT set_config('idem.saved_lock_timeout', current_set
 // one, before its source row exists, and that row is read from clock, which
 // reads from timeout: the setting is in place before any wait begins, and
 // PostgreSQL reads lock_timeout when a wait starts.
+//
+// Only a claimer that holds the key's lock (keyLock1) may create a record,
+// because Do's deferred claims hold that lock instead of a row. So the
+// statement first looks for a committed record: when one is visible it
+// inserts nothing, takes no lock (replays of a key do not queue behind
+// each other) and leaves the decision to claimRead, whose newer snapshot
+// may find the record gone, which the Store answers by claiming again.
+// When none is visible it takes the key's lock, waiting for a transaction
+// that holds it (another creator of the key) under our lock_timeout, and
+// inserts; the conflict check then sees what that holder committed.
 const claimInsert = `WITH timeout AS MATERIALIZED (
 	SELECT set_config('idem.saved_lock_timeout', current_setting('lock_timeout'), true) AS saved,
 		set_config('lock_timeout', $8::text, true) AS lock_timeout
+), visible AS MATERIALIZED (
+	SELECT EXISTS (
+		SELECT 1 FROM idempotency_keys WHERE scope = $1::text AND idempotency_key = $2::text
+	) AS found
+	FROM timeout
 ), clock AS MATERIALIZED (
-	SELECT COALESCE($7::timestamptz, clock_timestamp()) AS ts FROM timeout
+	SELECT ` + keyLock1 + ` AS locked, COALESCE($7::timestamptz, clock_timestamp()) AS ts
+	FROM visible
+	WHERE NOT visible.found
 )
 INSERT INTO idempotency_keys (
 	scope, idempotency_key, fingerprint, status, token, attempt,
@@ -76,6 +97,70 @@ SELECT $1::text, $2::text, $3::bytea, 1, $4::bigint, 1,
 FROM clock
 ON CONFLICT (scope, idempotency_key) DO NOTHING
 RETURNING lease_expires_at, created_at, expires_at`
+
+// keyLock1 takes the key's lock: a transaction-level advisory lock on a
+// 64-bit hash of the table, the scope ($1) and the key ($2), so that every
+// claimer of a key serialises on it whether or not a row exists yet. Held
+// until the transaction ends; its wait is bounded by lock_timeout like a
+// row lock's (SQLSTATE 55P03). The table's oid seeds the hash, so tables in
+// different schemas do not share locks; a collision of two keys' hashes
+// (about 2^-64) only makes one claimer wait for the other's transaction.
+// The void result is cast to text so the column has a type a CTE accepts.
+const keyLock1 = `pg_advisory_xact_lock(hashtextextended($2::text,
+		hashtextextended($1::text, 'idempotency_keys'::regclass::oid::bigint)))::text`
+
+// claimLock is the first statement of a deferred claim (ClaimParams.Defer,
+// Do's): it saves the caller's lock_timeout, sets ours ($3), and takes the
+// key's lock, which waits for any transaction that created a record for the
+// key (or holds a deferred claim) and has not ended; no row is written. It
+// locks even when the key turns out to be completed: Do's transaction is
+// short, and a replay that waits for it waits microseconds. claimRead follows, with a snapshot taken
+// after the lock was granted (under READ COMMITTED, each statement takes
+// one), so it sees the commit of the holder it waited for. The statement
+// returns the transaction's isolation level: under REPEATABLE READ or
+// SERIALIZABLE the snapshot dates from the transaction's first statement,
+// and an absent record proves nothing, so the executor then claims with an
+// insert after all. The target list runs left to right: the timeout is in
+// place before the wait begins.
+const claimLock = `SELECT current_setting('transaction_isolation')
+FROM (
+	SELECT set_config('idem.saved_lock_timeout', current_setting('lock_timeout'), true) AS saved,
+		set_config('lock_timeout', $3::text, true) AS lock_timeout,
+		` + keyLock1 + ` AS locked
+) l`
+
+// completeInsert completes a deferred claim: it inserts the finished
+// record, one row version, with the claim's token ($5), lease ($6) and
+// creation time ($10). A record that exists regardless (written by a
+// claimer that does not take the key's lock) is left alone: no row means
+// fenced.
+const completeInsert = `WITH clock AS MATERIALIZED (
+	SELECT COALESCE($12::timestamptz, clock_timestamp()) AS ts
+)
+` + completeInsertBody
+
+// completeInsertBody is the INSERT of completeInsert and
+// completeInsertOrFail, which precede it with the clock CTE.
+const completeInsertBody = `INSERT INTO idempotency_keys (
+	scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
+	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at
+)
+SELECT $1::text, $2::text, $3::bytea, $4::smallint, $5::bigint, 1, $6::timestamptz,
+	$7::integer, $8::bytea, $9::bytea, $10::timestamptz, clock.ts, clock.ts,
+	clock.ts + $11::bigint * interval '1 microsecond'
+FROM clock
+ON CONFLICT (scope, idempotency_key) DO NOTHING`
+
+// completeInsertOrFail is completeInsert for the batch [completeInsertOrFail;
+// COMMIT], failing with division_by_zero when it inserted nothing, as
+// completeOrFail does.
+const completeInsertOrFail = `WITH clock AS MATERIALIZED (
+	SELECT COALESCE($12::timestamptz, clock_timestamp()) AS ts
+), completed AS (
+` + completeInsertBody + `
+	RETURNING 1
+)
+SELECT 1 / (SELECT count(*)::integer FROM completed)`
 
 // restoreLockTimeout puts the caller's lock_timeout back right after the
 // write, so our bound covers the write and nothing else (not the caller's

@@ -63,6 +63,15 @@ WHERE scope = ? AND idempotency_key = ? AND token = ?`
 	completed_at = ?, updated_at = ?, expires_at = ?
 WHERE scope = ? AND idempotency_key = ? AND token = ? AND status = 1`
 
+	// completeInsert is the completion of a deferred claim (Do's): it writes
+	// the finished record in one statement. DO NOTHING leaves a record that
+	// exists regardless alone; RowsAffected 0 then means fenced.
+	completeInsert = `INSERT INTO idempotency_keys (
+	scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
+	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at
+) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (scope, idempotency_key) DO NOTHING`
+
 	// releaseDelete removes the record, only while it is processing and
 	// still carries the holder's token.
 	releaseDelete = `DELETE FROM idempotency_keys
