@@ -17,6 +17,7 @@ const (
 	codeDeadlockDetected     = "40P01"
 	codeLockNotAvailable     = "55P03"
 	codeDivisionByZero       = "22012"
+	codeUniqueViolation      = "23505"
 	codeQueryCanceled        = "57014"
 	codeTooManyConnections   = "53300"
 	codeAdminShutdown        = "57P01"

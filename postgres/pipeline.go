@@ -38,11 +38,11 @@ func (d *Dialect) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, 
 	if closeErr := br.Close(); err == nil && closeErr != nil {
 		err = interpretError(ctx, closeErr)
 	}
-	if err == nil && cr.insertAfterAll {
-		// The server's default isolation is not READ COMMITTED: one more
-		// round trip, on this transaction only.
+	if err == nil {
+		// A held lock, or a server whose default isolation is not READ
+		// COMMITTED: one more round trip, on this transaction only.
 		var res *idem.ClaimResult
-		res, err = claimInserting(ctx, tx, p)
+		res, err = cr.finish(ctx, tx)
 		cr.res = res
 	}
 	if err != nil {
@@ -81,6 +81,7 @@ func (d *Dialect) CompleteCommit(ctx context.Context, tx pgx.Tx, p *idem.Complet
 	b.Queue("COMMIT")
 	br := pt.tx.SendBatch(ctx, b)
 	_, err = br.Exec()
+	fenced := p.Insert && isPgCode(err, codeUniqueViolation)
 	var tag pgconn.CommandTag
 	if err == nil {
 		tag, err = br.Exec()
@@ -93,7 +94,7 @@ func (d *Dialect) CompleteCommit(ctx context.Context, tx pgx.Tx, p *idem.Complet
 	}
 	if err != nil {
 		_ = d.Rollback(context.WithoutCancel(ctx), pt) // also releases the connection
-		if isPgCode(err, codeDivisionByZero) {
+		if fenced || (!p.Insert && isPgCode(err, codeDivisionByZero)) {
 			return idem.ErrFenced
 		}
 		return interpretError(ctx, err)

@@ -125,10 +125,37 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	}); err != nil {
 		return nil, err
 	}
-	if cr.insertAfterAll {
-		return claimInserting(ctx, e.db, p)
+	return cr.finish(ctx, e.db)
+}
+
+// finish completes a claim whose batch was read: a deferred claim that met
+// the key's lock held waits for it, one that cannot trust its snapshot
+// inserts after all; tx is the claim's transaction.
+func (cr *claimReader) finish(ctx context.Context, tx dbtx) (*idem.ClaimResult, error) {
+	switch {
+	case cr.waitForLock:
+		return claimDeferredBounded(ctx, tx, cr.p)
+	case cr.insertAfterAll:
+		return claimInserting(ctx, tx, cr.p)
+	default:
+		return cr.res, nil
 	}
-	return cr.res, nil
+}
+
+// claimDeferredBounded is a deferred claim that waits for the key's lock,
+// bounded by p.WaitTimeout: the batch [claimLock; claimRead] in tx.
+func claimDeferredBounded(ctx context.Context, tx dbtx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
+	e := &executor{db: tx, inTx: true}
+	b := &pgx.Batch{}
+	b.Queue(claimLock, p.Scope, p.Key, lockTimeout(p.WaitTimeout))
+	b.Queue(claimRead, p.Scope, p.Key, pinnedNow(p.Now))
+	cr := claimReader{p: p, bounded: true}
+	if err := e.sendBounded(ctx, b, p.WaitTimeout, 0, cr.readInsert, func(br pgx.BatchResults) error {
+		return cr.readRecord(ctx, br)
+	}); err != nil {
+		return nil, err
+	}
+	return cr.finish(ctx, tx)
 }
 
 // claimInserting claims with an insert in tx, after a deferred claim found
@@ -143,16 +170,17 @@ func claimInserting(ctx context.Context, tx dbtx, p *idem.ClaimParams) (*idem.Cl
 }
 
 // claimBatch queues the claim's two statements on b, after what b already
-// holds: set lock_timeout and insert (or, for a deferred claim, take the
-// key's lock), restore lock_timeout and read.
+// holds: set lock_timeout and insert, restore lock_timeout and read; for a
+// deferred claim, try the key's lock and read.
 func claimBatch(b *pgx.Batch, p *idem.ClaimParams) {
 	now := pinnedNow(p.Now)
 	if p.Defer {
-		b.Queue(claimLock, p.Scope, p.Key, lockTimeout(p.WaitTimeout))
-	} else {
-		b.Queue(claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
-			p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now, lockTimeout(p.WaitTimeout))
+		b.Queue(claimTryLock, p.Scope, p.Key)
+		b.Queue(claimReadLocked, p.Scope, p.Key, now)
+		return
 	}
+	b.Queue(claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
+		p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now, lockTimeout(p.WaitTimeout))
 	b.Queue(claimRead, p.Scope, p.Key, now)
 }
 
@@ -169,12 +197,26 @@ type claimReader struct {
 	// insertAfterAll is set when a deferred claim found no record in a
 	// snapshot that may predate the lock: the caller claims with an insert.
 	insertAfterAll bool
+	// waitForLock is set when a deferred claim's claimTryLock found the
+	// key's lock held: the caller waits for it (claimDeferredBounded).
+	waitForLock bool
+	// bounded marks the reader of claimDeferredBounded, whose first
+	// statement is claimLock.
+	bounded bool
 }
 
 func (cr *claimReader) readInsert(br pgx.BatchResults) error {
 	if cr.p.Defer {
 		cr.notCreated = true // nothing inserted: the read decides
-		return br.QueryRow().Scan(&cr.isolation)
+		if cr.bounded {
+			return br.QueryRow().Scan(&cr.isolation)
+		}
+		var locked bool
+		if err := br.QueryRow().Scan(&locked, &cr.isolation); err != nil {
+			return err
+		}
+		cr.waitForLock = !locked
+		return nil
 	}
 	err := br.QueryRow().Scan(&cr.leaseExpiresAt, &cr.createdAt, &cr.expiresAt)
 	if errors.Is(err, pgx.ErrNoRows) { // a record exists
@@ -197,6 +239,10 @@ func (cr *claimReader) readRecord(ctx context.Context, br pgx.BatchResults) erro
 			return interpretError(ctx, err)
 		}
 		return fmt.Errorf("idem: postgres: claim read returned no row")
+	}
+	if cr.waitForLock {
+		rows.Close() // read without the lock: it proves nothing
+		return interpretError(ctx, rows.Err())
 	}
 	if !cr.notCreated {
 		// The record is the one the insert wrote: every value is known.
@@ -341,13 +387,11 @@ func completeQuery(p *idem.CompleteParams, orFail bool) (string, []any, error) {
 	switch {
 	case p.Insert:
 		// completeArgs' order is scope, key, token, status, code, header,
-		// body, retention, now; completeInsertBody's is its own.
+		// body, retention, now; completeInsert's is its own. It needs no
+		// OrFail variant: a conflict is an error already.
 		args = []any{args[0], args[1], p.Fingerprint[:], args[3], args[2],
 			p.LeaseExpiresAt.UTC().Truncate(time.Microsecond),
 			args[4], args[5], args[6], p.CreatedAt.UTC().Truncate(time.Microsecond), args[7], args[8]}
-		if orFail {
-			return completeInsertOrFail, args, nil
-		}
 		return completeInsert, args, nil
 	case orFail:
 		return completeOrFail, args, nil
@@ -364,6 +408,9 @@ func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
 		return err
 	}
 	tag, err := e.db.Exec(ctx, query, args...)
+	if p.Insert && isPgCode(err, codeUniqueViolation) {
+		return idem.ErrFenced
+	}
 	if err != nil {
 		return interpretError(ctx, err)
 	}

@@ -129,38 +129,41 @@ FROM (
 		` + keyLock1 + ` AS locked
 ) l`
 
+// claimTryLock is the first statement of a deferred claim: it tries the
+// key's lock without waiting, so the common case needs no lock_timeout
+// juggling. When another transaction holds the lock, the executor runs
+// claimLock and claimRead, which wait under our lock_timeout. It also
+// returns the isolation level, for the reason given at claimLock.
+const claimTryLock = `SELECT ` + keyTryLock1 + `, current_setting('transaction_isolation')`
+
+// keyTryLock1 is keyLock1 without the wait: true when the lock was granted.
+const keyTryLock1 = `pg_try_advisory_xact_lock(hashtextextended($2::text,
+		hashtextextended($1::text, 'idempotency_keys'::regclass::oid::bigint)))`
+
+// claimReadLocked reads the record after claimTryLock granted the lock, in
+// a statement of its own so that its snapshot, under READ COMMITTED, is
+// taken after the lock, with the clock; no record gives one row whose
+// record columns are NULL.
+const claimReadLocked = `SELECT ` + recordColumns + `, r.ts
+FROM (SELECT COALESCE($3::timestamptz, clock_timestamp()) AS ts) r
+LEFT JOIN idempotency_keys ON scope = $1::text AND idempotency_key = $2::text`
+
 // completeInsert completes a deferred claim: it inserts the finished
 // record, one row version, with the claim's token ($5), lease ($6) and
-// creation time ($10). A record that exists regardless (written by a
-// claimer that does not take the key's lock) is left alone: no row means
-// fenced.
-const completeInsert = `WITH clock AS MATERIALIZED (
-	SELECT COALESCE($12::timestamptz, clock_timestamp()) AS ts
-)
-` + completeInsertBody
-
-// completeInsertBody is the INSERT of completeInsert and
-// completeInsertOrFail, which precede it with the clock CTE.
-const completeInsertBody = `INSERT INTO idempotency_keys (
+// creation time ($10). A plain INSERT: the key's lock keeps every other
+// creator out, so a record that exists regardless was written by a claimer
+// that does not take the lock (an older idem); the unique violation
+// (23505) aborts the transaction, so that in the batch [completeInsert;
+// COMMIT] the COMMIT rolls back, and the executor reports it as fenced.
+// The clock is a one-row subquery, evaluated once.
+const completeInsert = `INSERT INTO idempotency_keys (
 	scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
 	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at
 )
 SELECT $1::text, $2::text, $3::bytea, $4::smallint, $5::bigint, 1, $6::timestamptz,
 	$7::integer, $8::bytea, $9::bytea, $10::timestamptz, clock.ts, clock.ts,
 	clock.ts + $11::bigint * interval '1 microsecond'
-FROM clock
-ON CONFLICT (scope, idempotency_key) DO NOTHING`
-
-// completeInsertOrFail is completeInsert for the batch [completeInsertOrFail;
-// COMMIT], failing with division_by_zero when it inserted nothing, as
-// completeOrFail does.
-const completeInsertOrFail = `WITH clock AS MATERIALIZED (
-	SELECT COALESCE($12::timestamptz, clock_timestamp()) AS ts
-), completed AS (
-` + completeInsertBody + `
-	RETURNING 1
-)
-SELECT 1 / (SELECT count(*)::integer FROM completed)`
+FROM (SELECT COALESCE($12::timestamptz, clock_timestamp()) AS ts) clock`
 
 // restoreLockTimeout puts the caller's lock_timeout back right after the
 // write, so our bound covers the write and nothing else (not the caller's
