@@ -41,6 +41,41 @@ var errNilTx = errors.New("idem: sqlite: nil *sql.Tx")
 type Dialect struct {
 	db   *sql.DB
 	pool *executor
+	// stmts are the statements of a claim and its completion inside a
+	// transaction, prepared once by Begin and then used by every
+	// transaction: modernc.org/sqlite parses an unprepared statement on
+	// every call, and inside the write lock the parse is a large part of
+	// what a claim costs.
+	stmts *txStatements
+}
+
+// txStatements are prepared on the pool by Begin, before it takes a
+// connection for the transaction (preparing from inside a transaction
+// could wait forever for a one-connection pool's only connection).
+// Transactions run them through Tx.StmtContext, which reuses a statement
+// already prepared on the transaction's connection.
+type txStatements struct {
+	claimSelect, claimInsert, completeUpdate, completeInsert preparedStmt
+}
+
+func newTxStatements(db *sql.DB) *txStatements {
+	return &txStatements{
+		claimSelect:    preparedStmt{db: db, query: claimSelect},
+		claimInsert:    preparedStmt{db: db, query: claimInsert},
+		completeUpdate: preparedStmt{db: db, query: completeUpdate},
+		completeInsert: preparedStmt{db: db, query: completeInsert},
+	}
+}
+
+// prepare prepares the statements not prepared yet. A failure (no table
+// before Migrate, a closed DB) leaves the statement unprepared: it runs
+// unprepared, and the next Begin tries again.
+func (ts *txStatements) prepare(ctx context.Context) {
+	for _, p := range []*preparedStmt{&ts.claimSelect, &ts.claimInsert, &ts.completeUpdate, &ts.completeInsert} {
+		if p.st.Load() == nil {
+			p.stmt(ctx)
+		}
+	}
 }
 
 // New returns a Dialect over db, which must not be nil. Open db with [Open],
@@ -50,7 +85,7 @@ type Dialect struct {
 //
 // New performs no I/O, and the Dialect never closes db.
 func New(db *sql.DB) *Dialect {
-	return &Dialect{db: db, pool: &executor{h: db, pool: db, get: &preparedStmt{db: db, query: getSelect}}}
+	return &Dialect{db: db, pool: &executor{h: db, pool: db, get: &preparedStmt{db: db, query: getSelect}}, stmts: newTxStatements(db)}
 }
 
 // Name returns "sqlite".
@@ -71,13 +106,14 @@ func (d *Dialect) Tx(tx *sql.Tx) idem.Executor {
 	if tx == nil {
 		return failexec.Executor{Err: errNilTx}
 	}
-	return &executor{h: tx}
+	return &executor{h: tx, tx: tx, stmts: d.stmts}
 }
 
 // Begin starts a transaction on the pool. With a DB opened by [Open] it is
 // BEGIN IMMEDIATE: it waits for the database's write lock, up to the DSN's
 // busy timeout, and fails with [idem.ErrStoreUnavailable] past it.
 func (d *Dialect) Begin(ctx context.Context) (*sql.Tx, error) {
+	d.stmts.prepare(ctx)
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, interpretError(err)
@@ -113,7 +149,37 @@ type executor struct {
 	pool *sql.DB
 	// get is the pool's prepared Get; nil in a transaction.
 	get *preparedStmt
+	// tx and stmts are set in a transaction: the statements Begin prepared.
+	tx    *sql.Tx
+	stmts *txStatements
 }
+
+// txExec runs ps's statement on the executor's handle: through the
+// prepared statement when in a transaction and it is prepared, as text
+// otherwise.
+func (e *executor) txExec(ctx context.Context, ps func(*txStatements) *preparedStmt, query string, args ...any) (sql.Result, error) {
+	if e.tx != nil && e.stmts != nil {
+		if st := ps(e.stmts).st.Load(); st != nil {
+			return e.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+		}
+	}
+	return e.h.ExecContext(ctx, query, args...)
+}
+
+// txQueryRow is txExec for a query of one row.
+func (e *executor) txQueryRow(ctx context.Context, ps func(*txStatements) *preparedStmt, query string, args ...any) *sql.Row {
+	if e.tx != nil && e.stmts != nil {
+		if st := ps(e.stmts).st.Load(); st != nil {
+			return e.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+		}
+	}
+	return e.h.QueryRowContext(ctx, query, args...)
+}
+
+func stmtClaimSelect(ts *txStatements) *preparedStmt    { return &ts.claimSelect }
+func stmtClaimInsert(ts *txStatements) *preparedStmt    { return &ts.claimInsert }
+func stmtCompleteUpdate(ts *txStatements) *preparedStmt { return &ts.completeUpdate }
+func stmtCompleteInsert(ts *txStatements) *preparedStmt { return &ts.completeInsert }
 
 // Claim implements idem.Executor.
 func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimResult, error) {
@@ -124,9 +190,9 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	// since its BEGIN IMMEDIATE: no other writer can hold the key
 	// uncommitted, and nothing can change between the two statements.
 	if p.Defer {
-		return claimDeferred(ctx, e.h, p)
+		return claimDeferred(ctx, e, p)
 	}
-	return claim(ctx, e.h, p)
+	return claim(ctx, e, p)
 }
 
 // claimDeferred is Do's claim: the transaction's write lock, held since
@@ -137,9 +203,9 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 // become one insert), which is what a SQLite transaction's throughput is
 // made of. The read sees the latest commit: an IMMEDIATE transaction's
 // snapshot is taken with the write lock.
-func claimDeferred(ctx context.Context, h dbtx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
+func claimDeferred(ctx context.Context, e *executor, p *idem.ClaimParams) (*idem.ClaimResult, error) {
 	now := clock(p.Now)
-	rec, err := scanRecord(h.QueryRowContext(ctx, claimSelect, p.Scope, p.Key))
+	rec, err := scanRecord(e.txQueryRow(ctx, stmtClaimSelect, claimSelect, p.Scope, p.Key))
 	if err == nil {
 		return &idem.ClaimResult{Record: rec, Created: false, Now: now}, nil
 	}
@@ -211,7 +277,7 @@ func claimInTx(ctx context.Context, conn *sql.Conn, p *idem.ClaimParams) (_ *ide
 		// BEGIN ran, may have left one open.
 		return nil, isSQLiteError(err), interpretError(err)
 	}
-	res, err := claim(ctx, conn, p)
+	res, err := claim(ctx, &executor{h: conn}, p)
 	if err != nil {
 		_, rerr := conn.ExecContext(cleanupCtx, rollbackTx)
 		return nil, rerr == nil, err
@@ -246,10 +312,10 @@ func busyMillis(d time.Duration) int {
 // claim inserts the processing record unless one exists, then returns the
 // record. h must hold the database's write lock, or take it with its first
 // statement, so that both statements see the same state.
-func claim(ctx context.Context, h dbtx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
+func claim(ctx context.Context, e *executor, p *idem.ClaimParams) (*idem.ClaimResult, error) {
 	now := clock(p.Now)
 	lease, expires := fromMicros(micros(now.Add(p.LeaseDuration))), fromMicros(micros(now.Add(p.Retention)))
-	res, err := h.ExecContext(ctx, claimInsert,
+	res, err := e.txExec(ctx, stmtClaimInsert, claimInsert,
 		p.Scope, p.Key, p.Fingerprint[:], p.Token,
 		micros(lease), micros(now), micros(now), micros(expires),
 	)
@@ -271,7 +337,7 @@ func claim(ctx context.Context, h dbtx, p *idem.ClaimParams) (*idem.ClaimResult,
 	}
 	// A record exists. ErrNotFound from this read means it vanished
 	// meanwhile, which the Store answers by claiming again.
-	rec, err := scanRecord(h.QueryRowContext(ctx, claimSelect, p.Scope, p.Key))
+	rec, err := scanRecord(e.txQueryRow(ctx, stmtClaimSelect, claimSelect, p.Scope, p.Key))
 	if err != nil {
 		return nil, err
 	}
@@ -363,14 +429,14 @@ func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
 	}
 	now := clock(p.Now)
 	if p.Insert {
-		res, err := e.h.ExecContext(ctx, completeInsert,
+		res, err := e.txExec(ctx, stmtCompleteInsert, completeInsert,
 			p.Scope, p.Key, p.Fingerprint[:], int64(p.Status), p.Token, micros(p.LeaseExpiresAt),
 			p.Response.StatusCode, headers, body,
 			micros(p.CreatedAt), micros(now), micros(now), micros(now.Add(p.Retention)),
 		)
 		return affectedOne(res, err)
 	}
-	res, err := e.h.ExecContext(ctx, completeUpdate,
+	res, err := e.txExec(ctx, stmtCompleteUpdate, completeUpdate,
 		int64(p.Status), p.Response.StatusCode, headers, body,
 		micros(now), micros(now), micros(now.Add(p.Retention)),
 		p.Scope, p.Key, p.Token,
