@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/benchkit"
+	"github.com/idemstore/idem/internal/codec"
 	"github.com/idemstore/idem/internal/testdb"
 	idemmysql "github.com/idemstore/idem/mysql"
 )
@@ -55,6 +56,19 @@ func BenchmarkIdem(b *testing.B) {
 		b.Fatal(err)
 	}
 
+	insertOrder := func(ctx context.Context, tx *sql.Tx, tenant string) error {
+		res, err := tx.ExecContext(ctx, `INSERT INTO orders (tenant, amount) VALUES (?, 1999)`, tenant)
+		if err != nil {
+			return err
+		}
+		_, err = res.LastInsertId()
+		return err
+	}
+	header, err := codec.EncodeHeader(benchkit.Response.Header)
+	if err != nil {
+		b.Fatal(err)
+	}
+
 	benchkit.Run(b, benchkit.Target[*sql.Tx]{
 		Open: func(b *testing.B, conc int) *benchkit.Pools[*sql.Tx] {
 			b.Helper()
@@ -73,16 +87,12 @@ func BenchmarkIdem(b *testing.B) {
 					)
 					return db.QueryRowContext(ctx, benchMySQLSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
 				},
+				Floor: func(ctx context.Context, scope, key string) error {
+					return benchkit.SQLFloor(ctx, db, nil, insertOrder, header, nil, nil, benchMySQLSelect, benchMySQLFloorInsert, scope, key, nil)
+				},
 			}
 		},
-		InsertOrder: func(ctx context.Context, tx *sql.Tx, tenant string) error {
-			res, err := tx.ExecContext(ctx, `INSERT INTO orders (tenant, amount) VALUES (?, 1999)`, tenant)
-			if err != nil {
-				return err
-			}
-			_, err = res.LastInsertId()
-			return err
-		},
+		InsertOrder: insertOrder,
 		Snapshot: func(ctx context.Context) error {
 			_, err := admin.ExecContext(ctx, `CREATE TABLE bench_seed AS SELECT * FROM idempotency_keys`)
 			return err
@@ -107,6 +117,14 @@ func BenchmarkIdem(b *testing.B) {
 // read by primary key.
 const benchMySQLSelect = `SELECT status, fingerprint, response_status, response_headers, response_body
 FROM idempotency_keys WHERE scope = ? AND idempotency_key = ?`
+
+// benchMySQLFloorInsert writes a finished record in one plain INSERT: the
+// floor's completion.
+const benchMySQLFloorInsert = `INSERT INTO idempotency_keys (
+	scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
+	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at
+) VALUES (?, ?, ?, 2, ?, 1, UTC_TIMESTAMP(6), ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
+	UTC_TIMESTAMP(6) + INTERVAL 1 DAY)`
 
 // benchMySQLDB opens a pool of size conns on database name (none when
 // empty) with the settings idem needs and interpolateParams=true, which

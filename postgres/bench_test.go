@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/benchkit"
+	"github.com/idemstore/idem/internal/codec"
 	"github.com/idemstore/idem/internal/testdb"
 	idempg "github.com/idemstore/idem/postgres"
 )
@@ -43,6 +45,15 @@ func BenchmarkIdem(b *testing.B) {
 		created_at timestamptz NOT NULL DEFAULT now()
 	)`)
 
+	insertOrder := func(ctx context.Context, tx pgx.Tx, tenant string) error {
+		var id int64
+		return tx.QueryRow(ctx, `INSERT INTO orders (tenant, amount) VALUES ($1, 1999) RETURNING id`, tenant).Scan(&id)
+	}
+	header, err := codec.EncodeHeader(benchkit.Response.Header)
+	if err != nil {
+		b.Fatal(err)
+	}
+
 	benchkit.Run(b, benchkit.Target[pgx.Tx]{
 		Open: func(b *testing.B, conc int) *benchkit.Pools[pgx.Tx] {
 			b.Helper()
@@ -61,12 +72,12 @@ func BenchmarkIdem(b *testing.B) {
 					)
 					return pool.QueryRow(ctx, benchPGSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
 				},
+				Floor: func(ctx context.Context, scope, key string) error {
+					return benchPGFloor(ctx, pool, insertOrder, header, scope, key)
+				},
 			}
 		},
-		InsertOrder: func(ctx context.Context, tx pgx.Tx, tenant string) error {
-			var id int64
-			return tx.QueryRow(ctx, `INSERT INTO orders (tenant, amount) VALUES ($1, 1999) RETURNING id`, tenant).Scan(&id)
-		},
+		InsertOrder: insertOrder,
 		Snapshot: func(ctx context.Context) error {
 			_, err := admin.Exec(ctx, `CREATE TABLE bench_seed AS SELECT * FROM idempotency_keys`)
 			return err
@@ -93,6 +104,56 @@ func BenchmarkIdem(b *testing.B) {
 // by primary key.
 const benchPGSelect = `SELECT status, fingerprint, response_status, response_headers, response_body
 FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
+
+// benchPGFloorInsert writes a finished record in one plain INSERT: the
+// floor's completion.
+const benchPGFloorInsert = `INSERT INTO idempotency_keys (
+	scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
+	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at
+) VALUES ($1, $2, $3, 2, $4, 1, now(), $5, $6, $7, now(), now(), now(), now() + interval '1 day')`
+
+// benchPGFloor is the floor scenario (benchkit.Pools.Floor), pipelined as
+// Do is: [BEGIN; read the key], the order, [insert the record; COMMIT].
+func benchPGFloor(ctx context.Context, pool *pgxpool.Pool, insertOrder func(context.Context, pgx.Tx, string) error,
+	header []byte, scope, key string,
+) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(benchPGSelect, scope, key)
+	br := conn.Conn().SendBatch(ctx, b)
+	tx := br.Tx()
+	_, err = br.Exec()
+	if err == nil {
+		var status int16
+		err = br.QueryRow().Scan(&status, nil, nil, nil, nil)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			err = nil
+		case err == nil:
+			err = errors.New("floor: fresh key exists")
+		}
+	}
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
+	if err == nil {
+		err = insertOrder(ctx, tx, scope)
+	}
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	fp := benchkit.Fingerprint
+	b = &pgx.Batch{}
+	b.Queue(benchPGFloorInsert, scope, key, fp[:], int64(1), int32(benchkit.Response.StatusCode), header, benchkit.Response.Body)
+	b.Queue("COMMIT")
+	return tx.SendBatch(ctx, b).Close()
+}
 
 // benchPGPool opens a pool of size conns (all opened at start, as in the
 // lab) whose search_path is schema, closed when b ends.

@@ -5,9 +5,11 @@ import (
 	"database/sql"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/benchkit"
+	"github.com/idemstore/idem/internal/codec"
 	idemsqlite "github.com/idemstore/idem/sqlite"
 )
 
@@ -35,10 +37,33 @@ func BenchmarkIdem(b *testing.B) {
 		b.Fatal(err)
 	}
 
+	insertOrder := func(ctx context.Context, tx *sql.Tx, tenant string) error {
+		res, err := tx.ExecContext(ctx, `INSERT INTO orders (tenant, amount) VALUES (?, 1999)`, tenant)
+		if err != nil {
+			return err
+		}
+		_, err = res.LastInsertId()
+		return err
+	}
+	header, err := codec.EncodeHeader(benchkit.Response.Header)
+	if err != nil {
+		b.Fatal(err)
+	}
+
 	benchkit.Run(b, benchkit.Target[*sql.Tx]{
 		Open: func(b *testing.B, conc int) *benchkit.Pools[*sql.Tx] {
 			b.Helper()
-			store, err := idem.New(idemsqlite.New(benchSQLiteDB(b, path, 1)), nil)
+			writes := benchSQLiteDB(b, path, 1)
+			store, err := idem.New(idemsqlite.New(writes), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			// The floor runs prepared statements, as idem's transactions do.
+			floorRead, err := writes.PrepareContext(ctx, benchSQLiteSelect)
+			if err != nil {
+				b.Fatal(err)
+			}
+			floorInsert, err := writes.PrepareContext(ctx, benchSQLiteFloorInsert)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -58,16 +83,15 @@ func BenchmarkIdem(b *testing.B) {
 					)
 					return reads.QueryRowContext(ctx, benchSQLiteSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
 				},
+				Floor: func(ctx context.Context, scope, key string) error {
+					return benchkit.SQLFloor(ctx, writes, nil, insertOrder, header, floorRead, floorInsert, "", "", scope, key, func() []any {
+						now := time.Now().UnixMicro()
+						return []any{now, benchkit.Response.StatusCode, header, benchkit.Response.Body, now, now, now, now + 86_400_000_000}
+					})
+				},
 			}
 		},
-		InsertOrder: func(ctx context.Context, tx *sql.Tx, tenant string) error {
-			res, err := tx.ExecContext(ctx, `INSERT INTO orders (tenant, amount) VALUES (?, 1999)`, tenant)
-			if err != nil {
-				return err
-			}
-			_, err = res.LastInsertId()
-			return err
-		},
+		InsertOrder: insertOrder,
 		Snapshot: func(ctx context.Context) error {
 			_, err := admin.ExecContext(ctx, `CREATE TABLE bench_seed AS SELECT * FROM idempotency_keys`)
 			return err
@@ -92,6 +116,13 @@ func BenchmarkIdem(b *testing.B) {
 // read by primary key.
 const benchSQLiteSelect = `SELECT status, fingerprint, response_status, response_headers, response_body
 FROM idempotency_keys WHERE scope = ? AND idempotency_key = ?`
+
+// benchSQLiteFloorInsert writes a finished record in one plain INSERT: the
+// floor's completion.
+const benchSQLiteFloorInsert = `INSERT INTO idempotency_keys (
+	scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
+	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at
+) VALUES (?, ?, ?, 2, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 // benchSQLiteDB opens a pool of size conns on path, closed when b ends.
 func benchSQLiteDB(b *testing.B, path string, conns int) *sql.DB {

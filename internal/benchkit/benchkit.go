@@ -75,6 +75,16 @@ type Pools[TTx any] struct {
 	// PKSelect reads the stored response of (scope, key) with one plain
 	// primary-key SELECT on ReadStore's pool: the baseline of replay.
 	PKSelect func(ctx context.Context, scope, key string) error
+	// Floor is the least any design with the protocol's semantics must do
+	// for a new key, written by hand with the dialect's cheapest statements
+	// and without idem: the business transaction (begun as Store's dialect
+	// begins it, with InsertOrder for tenant scope) plus one primary-key
+	// read of the key before the business write and one insert of the
+	// finished record after it, batched like Do batches where the driver
+	// can. It takes no lock and decides nothing, so it is not safe (two
+	// concurrent duplicates would both write); its throughput bounds what
+	// idem's transactional path can reach on this machine.
+	Floor func(ctx context.Context, scope, key string) error
 }
 
 // Target is one dialect under benchmark, on a namespace (schema, database
@@ -96,6 +106,9 @@ type Target[TTx any] struct {
 
 // Response is what every completion stores (workload.Response).
 var Response = workload.Response
+
+// Fingerprint is the fingerprint of every fresh request (workload.Fingerprint).
+var Fingerprint = workload.Fingerprint
 
 var (
 	fingerprint = workload.Fingerprint
@@ -155,7 +168,7 @@ func Run[TTx any](b *testing.B, t Target[TTx]) {
 // throughput ratio to its baseline as a metric of its own: `go test -bench`
 // prints the ratio directly ("x_bare", "x_pk_select"; above 1 is faster than
 // the baseline), and benchstat compares it like ns/op.
-type baselines struct{ bare, pkSelect float64 }
+type baselines struct{ bare, pkSelect, floor float64 }
 
 func (base *baselines) report(b *testing.B, scenario string) {
 	b.Helper()
@@ -168,6 +181,11 @@ func (base *baselines) report(b *testing.B, scenario string) {
 		base.bare = ns
 	case "pk_select":
 		base.pkSelect = ns
+	case "floor":
+		base.floor = ns
+		if base.bare > 0 {
+			b.ReportMetric(base.bare/ns, "x_bare")
+		}
 	case "replay", "mismatch":
 		if base.pkSelect > 0 {
 			b.ReportMetric(base.pkSelect/ns, "x_pk_select")
@@ -175,6 +193,9 @@ func (base *baselines) report(b *testing.B, scenario string) {
 	default:
 		if base.bare > 0 {
 			b.ReportMetric(base.bare/ns, "x_bare")
+		}
+		if base.floor > 0 && (scenario == "tx" || scenario == "do") {
+			b.ReportMetric(base.floor/ns, "x_floor")
 		}
 	}
 }
@@ -252,6 +273,9 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 		{"bare", func(ctx context.Context) error {
 			tenant := scopes[rand.IntN(tenants)] //nolint:gosec // not security-sensitive: benchmark workload randomness
 			return inTx(ctx, func(tx TTx) error { return insert(ctx, tx, tenant) })
+		}},
+		{"floor", func(ctx context.Context) error {
+			return p.Floor(ctx, scopes[rand.IntN(tenants)], workload.NewKey()) //nolint:gosec // not security-sensitive: benchmark workload randomness
 		}},
 		{"tx", func(ctx context.Context) error {
 			scope, key := scopes[rand.IntN(tenants)], workload.NewKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
