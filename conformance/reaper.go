@@ -19,6 +19,7 @@ func reaperCases[TTx any]() []testCase[TTx] {
 		{name: "ReaperTwoReapersCheckOnce", run: testReaperTwoReapersCheckOnce[TTx]},
 		{name: "ReaperDeletesInBatchesWhileClaimsRun", run: testReaperDeletesInBatchesWhileClaimsRun[TTx]},
 		{name: "ReaperStopsOnCancel", run: testReaperStopsOnCancel[TTx]},
+		{name: "ReaperPausesBetweenBatches", run: testReaperPausesBetweenBatches[TTx]},
 	}
 }
 
@@ -223,4 +224,36 @@ func testReaperStopsOnCancel[TTx any](t *testing.T, h Harness[TTx]) {
 	cancel()
 	require.NoError(t, <-done)
 	require.Less(t, time.Since(start), time.Second)
+}
+
+// testReaperPausesBetweenBatches: with BatchPause, a pass pauses between
+// its DELETE statements (and still deletes everything), and a context that
+// ends during a pause ends the pass.
+func testReaperPausesBetweenBatches[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := setup(t, h, nil)
+	require.NoError(t, b.ns.SeedExpired(ctx, 4, time.Now().Add(-time.Hour)))
+	const pause = 150 * time.Millisecond
+	reaper, err := idem.NewReaper(b.store, &idem.ReaperConfig{BatchSize: 2, BatchPause: pause})
+	require.NoError(t, err)
+	start := time.Now()
+	rep, err := reaper.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 4, rep.Deleted)
+	// Batches of 2 over 4 rows: three statements (the last finds none), two pauses.
+	require.GreaterOrEqual(t, time.Since(start), 2*pause, "the pass must pause between batches")
+	require.Zero(t, b.records(ctx, t))
+
+	require.NoError(t, b.ns.SeedExpired(ctx, 4, time.Now().Add(-time.Hour)))
+	long, err := idem.NewReaper(b.store, &idem.ReaperConfig{BatchSize: 2, BatchPause: time.Hour})
+	require.NoError(t, err)
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	rep, err = long.RunOnce(cctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, 2, rep.Deleted, "one batch, then the pause the context ended")
+	require.Less(t, time.Since(start), 5*time.Second)
+
+	_, err = idem.NewReaper(b.store, &idem.ReaperConfig{BatchPause: -time.Second})
+	require.Error(t, err, "a negative pause is refused")
 }

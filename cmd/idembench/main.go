@@ -87,6 +87,8 @@ type config struct {
 	prefill      int
 	reusePrefill bool
 	reaperRows   int
+	reaperPause  time.Duration
+	reaperBatch  int
 	seeds        int
 	hotWorkers   int
 	hotKeys      int
@@ -209,6 +211,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&cfg.prefill, "prefill", 1_000_000, "records in the table of the prefill scenario")
 	fs.BoolVar(&cfg.reusePrefill, "reuse-prefill", false, "keep the prefilled namespace (idembench_prefill_<N>) and reuse it when it exists")
 	fs.IntVar(&cfg.reaperRows, "reaper-rows", 100_000, "expired records seeded for the reaper scenario")
+	fs.DurationVar(&cfg.reaperPause, "reaper-pause", 0, "ReaperConfig.BatchPause of the reaper scenario (0: none, the default)")
+	fs.IntVar(&cfg.reaperBatch, "reaper-batch", 0, "ReaperConfig.BatchSize of the reaper scenario (0: the default, 1000)")
 	fs.IntVar(&cfg.seeds, "seeds", 1000, "completed records restored before every measurement; replay, get and pkselect read them")
 	fs.IntVar(&cfg.hotWorkers, "hot-workers", 100, "workers of the hotkeys scenario")
 	fs.IntVar(&cfg.hotKeys, "hot-keys", 10, "keys the hotkeys workers share at a time")
@@ -253,6 +257,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("-reps must be at least 1")
 	case cfg.prefill < 1 || cfg.reaperRows < 1 || cfg.seeds < 1 || cfg.hotWorkers < 1 || cfg.hotKeys < 1:
 		return nil, errors.New("-prefill, -reaper-rows, -seeds, -hot-workers and -hot-keys must be at least 1")
+	case cfg.reaperPause < 0 || cfg.reaperBatch < 0:
+		return nil, errors.New("-reaper-pause and -reaper-batch must not be negative")
 	}
 	if cfg.warmup < 0 {
 		cfg.warmup = min(cfg.duration/5, time.Second)

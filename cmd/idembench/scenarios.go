@@ -242,7 +242,7 @@ func (l *level[TTx]) scenarios() []*scenario {
 			return fill(ctx, l.b, l.p.admin, expiredScope, 1, int64(l.cfg.reaperRows), -48*time.Hour)
 		},
 		during: func(ctx context.Context) (string, map[string]float64, error) {
-			return reap(ctx, s, l.cfg.reaperRows)
+			return reap(ctx, s, l.cfg.reaperRows, &idem.ReaperConfig{BatchPause: l.cfg.reaperPause, BatchSize: l.cfg.reaperBatch})
 		},
 	})
 	if l.redis != nil {
@@ -284,9 +284,9 @@ func (l *level[TTx]) prefillScenario(claimTx func(*idem.Store[TTx]) func(context
 
 // reap runs reaper passes until want expired records are gone or ctx ends,
 // and reports the rate.
-func reap[TTx any](ctx context.Context, s *idem.Store[TTx], want int) (string, map[string]float64, error) {
+func reap[TTx any](ctx context.Context, s *idem.Store[TTx], want int, cfg *idem.ReaperConfig) (string, map[string]float64, error) {
 	// Defaults otherwise (batches of 1000): the reaper as a service runs it.
-	r, err := idem.NewReaper(s, nil)
+	r, err := idem.NewReaper(s, cfg)
 	if err != nil {
 		return "", nil, err
 	}
