@@ -626,7 +626,12 @@ func (s *Store[TTx]) get(ctx context.Context, exec Executor, scope, key string) 
 // Other errors are those of [Store.Claim].
 //
 // On a dialect that implements [TxPipeliner] (postgres), BEGIN is sent with
-// the claim and the completion with COMMIT, saving two round trips.
+// the claim and the completion with COMMIT, saving two round trips. On
+// PostgreSQL and SQLite the claim writes nothing: Do holds a lock on the key
+// (an advisory lock; SQLite's write lock) and the completion inserts the
+// finished record, one row version instead of an insert and an update (see
+// docs/design.md). fn therefore does not find the key's record through
+// [Store.GetTx] while it runs.
 func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
 	if err := validate(scope, key); err != nil {
 		return nil, err
