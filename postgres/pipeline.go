@@ -81,7 +81,7 @@ func (d *Dialect) CompleteCommit(ctx context.Context, tx pgx.Tx, p *idem.Complet
 	b.Queue("COMMIT")
 	br := pt.tx.SendBatch(ctx, b)
 	_, err = br.Exec()
-	fenced := p.Insert && isPgCode(err, codeUniqueViolation)
+	fenced := p.Insert && err != nil && isPgCode(err, codeUniqueViolation)
 	var tag pgconn.CommandTag
 	if err == nil {
 		tag, err = br.Exec()

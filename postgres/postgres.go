@@ -175,8 +175,8 @@ func claimInserting(ctx context.Context, tx dbtx, p *idem.ClaimParams) (*idem.Cl
 func claimBatch(b *pgx.Batch, p *idem.ClaimParams) {
 	now := pinnedNow(p.Now)
 	if p.Defer {
-		b.Queue(claimTryLock, p.Scope, p.Key)
-		b.Queue(claimReadLocked, p.Scope, p.Key, now)
+		b.Queue(claimTryLock, p.Scope, p.Key, now)
+		b.Queue(claimReadLocked, p.Scope, p.Key)
 		return
 	}
 	b.Queue(claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
@@ -203,6 +203,8 @@ type claimReader struct {
 	// bounded marks the reader of claimDeferredBounded, whose first
 	// statement is claimLock.
 	bounded bool
+	// now is the clock claimTryLock read.
+	now time.Time
 }
 
 func (cr *claimReader) readInsert(br pgx.BatchResults) error {
@@ -212,7 +214,7 @@ func (cr *claimReader) readInsert(br pgx.BatchResults) error {
 			return br.QueryRow().Scan(&cr.isolation)
 		}
 		var locked bool
-		if err := br.QueryRow().Scan(&locked, &cr.isolation); err != nil {
+		if err := br.QueryRow().Scan(&locked, &cr.isolation, &cr.now); err != nil {
 			return err
 		}
 		cr.waitForLock = !locked
@@ -229,6 +231,9 @@ func (cr *claimReader) readInsert(br pgx.BatchResults) error {
 // readRecord reads claimRead's one row, whose record columns are NULL
 // when the record vanished ([idem.ErrNotFound]).
 func (cr *claimReader) readRecord(ctx context.Context, br pgx.BatchResults) error {
+	if cr.p.Defer && !cr.bounded {
+		return cr.readLocked(ctx, br)
+	}
 	rows, err := br.Query()
 	if err != nil {
 		return interpretError(ctx, err)
@@ -239,10 +244,6 @@ func (cr *claimReader) readRecord(ctx context.Context, br pgx.BatchResults) erro
 			return interpretError(ctx, err)
 		}
 		return fmt.Errorf("idem: postgres: claim read returned no row")
-	}
-	if cr.waitForLock {
-		rows.Close() // read without the lock: it proves nothing
-		return interpretError(ctx, rows.Err())
 	}
 	if !cr.notCreated {
 		// The record is the one the insert wrote: every value is known.
@@ -283,16 +284,43 @@ func (cr *claimReader) readRecord(ctx context.Context, br pgx.BatchResults) erro
 	return nil
 }
 
-// readFree finishes a deferred claim that found no record: the key is free
-// and its lock held, so the claim is acquired with nothing written, at the
-// read's clock (the last column; the record's are NULL). Unless the
-// snapshot may predate the lock (see claimLock): then insertAfterAll.
+// readLocked reads claimReadLocked's result: the record, or no row when
+// the key is free.
+func (cr *claimReader) readLocked(ctx context.Context, br pgx.BatchResults) error {
+	rows, err := br.Query()
+	if err != nil {
+		return interpretError(ctx, err)
+	}
+	defer rows.Close()
+	if cr.waitForLock || !rows.Next() {
+		// Without the lock the read proves nothing; with it, no row
+		// means the key is free.
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return interpretError(ctx, err)
+		}
+		if cr.waitForLock {
+			return nil
+		}
+		return cr.free()
+	}
+	rec, err := scanRecord(ctx, rows)
+	if err != nil {
+		return err
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return interpretError(ctx, err)
+	}
+	cr.res = &idem.ClaimResult{Record: rec, Created: false, Now: cr.now.UTC()}
+	return nil
+}
+
+// readFree finishes a bounded deferred claim whose claimRead found no
+// record (its record columns NULL): the clock is the last column.
 func (cr *claimReader) readFree(ctx context.Context, rows pgx.Rows) error {
-	var (
-		now  time.Time
-		dest [recordColumnCount + 1]any
-	)
-	dest[recordColumnCount] = &now
+	var dest [recordColumnCount + 1]any
+	dest[recordColumnCount] = &cr.now
 	err := rows.Scan(dest[:]...)
 	rows.Close()
 	if err == nil {
@@ -301,12 +329,19 @@ func (cr *claimReader) readFree(ctx context.Context, rows pgx.Rows) error {
 	if err != nil {
 		return interpretError(ctx, err)
 	}
+	return cr.free()
+}
+
+// free acquires a deferred claim on a free key, at cr.now: its lock is
+// held, so nothing is written. Unless the snapshot may predate the lock
+// (see claimLock): then insertAfterAll.
+func (cr *claimReader) free() error {
 	if cr.isolation != "read committed" {
 		cr.insertAfterAll = true
 		return nil
 	}
 	p := cr.p
-	now = now.UTC().Truncate(time.Microsecond)
+	now := cr.now.UTC().Truncate(time.Microsecond)
 	cr.res = &idem.ClaimResult{Created: true, Deferred: true, Now: now, Record: &idem.Record{
 		Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
 		Status: idem.StatusProcessing, Token: p.Token, Attempt: 1,
@@ -357,47 +392,62 @@ func (e *executor) Get(ctx context.Context, p *idem.GetParams) (*idem.Record, er
 
 // completeArgs returns the arguments of complete (and completeOrFail).
 func completeArgs(p *idem.CompleteParams) ([]any, error) {
-	resp := p.Response
+	code, header, body, err := responseArgs(p.Response)
+	if err != nil {
+		return nil, err
+	}
+	return []any{p.Scope, p.Key, p.Token, int16(p.Status),
+		code, header, body, p.Retention.Microseconds(), pinnedNow(p.Now)}, nil
+}
+
+// responseArgs returns the stored forms of resp's status code, headers and
+// body.
+func responseArgs(resp *idem.Response) (code int32, header, body []byte, _ error) {
 	if resp == nil {
 		resp = &idem.Response{}
 	}
 	if resp.StatusCode < math.MinInt32 || resp.StatusCode > math.MaxInt32 {
-		return nil, fmt.Errorf("idem: postgres: response status code %d out of range", resp.StatusCode)
+		return 0, nil, nil, fmt.Errorf("idem: postgres: response status code %d out of range", resp.StatusCode)
 	}
 	header, err := codec.EncodeHeader(resp.Header)
 	if err != nil {
-		return nil, err
+		return 0, nil, nil, err
 	}
-	body := resp.Body
+	body = resp.Body
 	if body == nil {
 		body = []byte{} // pgx sends a nil slice as NULL; replay must give back an empty body
 	}
-	return []any{p.Scope, p.Key, p.Token, int16(p.Status),
-		int32(resp.StatusCode), header, body, p.Retention.Microseconds(), pinnedNow(p.Now)}, nil
+	return int32(resp.StatusCode), header, body, nil
 }
 
 // completeQuery returns the completion statement for p and its arguments:
 // complete (or, with orFail, completeOrFail), or for a deferred claim's
 // completion (p.Insert) completeInsert (completeInsertOrFail).
 func completeQuery(p *idem.CompleteParams, orFail bool) (string, []any, error) {
+	if p.Insert {
+		// completeInsert needs no OrFail variant: a conflict is an error.
+		args, err := completeInsertArgs(p)
+		return completeInsert, args, err
+	}
 	args, err := completeArgs(p)
 	if err != nil {
 		return "", nil, err
 	}
-	switch {
-	case p.Insert:
-		// completeArgs' order is scope, key, token, status, code, header,
-		// body, retention, now; completeInsert's is its own. It needs no
-		// OrFail variant: a conflict is an error already.
-		args = []any{args[0], args[1], p.Fingerprint[:], args[3], args[2],
-			p.LeaseExpiresAt.UTC().Truncate(time.Microsecond),
-			args[4], args[5], args[6], p.CreatedAt.UTC().Truncate(time.Microsecond), args[7], args[8]}
-		return completeInsert, args, nil
-	case orFail:
+	if orFail {
 		return completeOrFail, args, nil
-	default:
-		return complete, args, nil
 	}
+	return complete, args, nil
+}
+
+// completeInsertArgs returns the arguments of completeInsert.
+func completeInsertArgs(p *idem.CompleteParams) ([]any, error) {
+	code, header, body, err := responseArgs(p.Response)
+	if err != nil {
+		return nil, err
+	}
+	return []any{p.Scope, p.Key, p.Fingerprint[:], int16(p.Status), p.Token,
+		p.LeaseExpiresAt.UTC().Truncate(time.Microsecond), code, header, body,
+		p.CreatedAt.UTC().Truncate(time.Microsecond), p.Retention.Microseconds(), pinnedNow(p.Now)}, nil
 }
 
 // Complete stores the response while the record is processing and carries
@@ -408,7 +458,7 @@ func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
 		return err
 	}
 	tag, err := e.db.Exec(ctx, query, args...)
-	if p.Insert && isPgCode(err, codeUniqueViolation) {
+	if p.Insert && err != nil && isPgCode(err, codeUniqueViolation) {
 		return idem.ErrFenced
 	}
 	if err != nil {

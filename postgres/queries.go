@@ -133,20 +133,21 @@ FROM (
 // key's lock without waiting, so the common case needs no lock_timeout
 // juggling. When another transaction holds the lock, the executor runs
 // claimLock and claimRead, which wait under our lock_timeout. It also
-// returns the isolation level, for the reason given at claimLock.
-const claimTryLock = `SELECT ` + keyTryLock1 + `, current_setting('transaction_isolation')`
+// returns the isolation level, for the reason given at claimLock, and the
+// clock: the claim's time.
+const claimTryLock = `SELECT ` + keyTryLock1 + `, current_setting('transaction_isolation'),
+	COALESCE($3::timestamptz, clock_timestamp())`
 
 // keyTryLock1 is keyLock1 without the wait: true when the lock was granted.
 const keyTryLock1 = `pg_try_advisory_xact_lock(hashtextextended($2::text,
 		hashtextextended($1::text, 'idempotency_keys'::regclass::oid::bigint)))`
 
-// claimReadLocked reads the record after claimTryLock granted the lock, in
-// a statement of its own so that its snapshot, under READ COMMITTED, is
-// taken after the lock, with the clock; no record gives one row whose
-// record columns are NULL.
-const claimReadLocked = `SELECT ` + recordColumns + `, r.ts
-FROM (SELECT COALESCE($3::timestamptz, clock_timestamp()) AS ts) r
-LEFT JOIN idempotency_keys ON scope = $1::text AND idempotency_key = $2::text`
+// claimReadLocked reads the record after claimTryLock, in a statement of
+// its own so that its snapshot, under READ COMMITTED, is taken after the
+// lock was granted: a plain primary-key read, no row when the key is free.
+const claimReadLocked = `SELECT ` + recordColumns + `
+FROM idempotency_keys
+WHERE scope = $1::text AND idempotency_key = $2::text`
 
 // completeInsert completes a deferred claim: it inserts the finished
 // record, one row version, with the claim's token ($5), lease ($6) and

@@ -428,17 +428,18 @@ func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
 		body = []byte{}
 	}
 	now := clock(p.Now)
+	nowArg := any(micros(now)) // boxed once for its two or three uses
 	if p.Insert {
 		res, err := e.txExec(ctx, stmtCompleteInsert, completeInsert,
 			p.Scope, p.Key, p.Fingerprint[:], int64(p.Status), p.Token, micros(p.LeaseExpiresAt),
 			p.Response.StatusCode, headers, body,
-			micros(p.CreatedAt), micros(now), micros(now), micros(now.Add(p.Retention)),
+			micros(p.CreatedAt), nowArg, nowArg, micros(now.Add(p.Retention)),
 		)
 		return affectedOne(res, err)
 	}
 	res, err := e.txExec(ctx, stmtCompleteUpdate, completeUpdate,
 		int64(p.Status), p.Response.StatusCode, headers, body,
-		micros(now), micros(now), micros(now.Add(p.Retention)),
+		nowArg, nowArg, micros(now.Add(p.Retention)),
 		p.Scope, p.Key, p.Token,
 	)
 	return affectedOne(res, err)
