@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemstore/idem"
@@ -1535,6 +1538,68 @@ func TestCanceledWaitLeavesNothing(t *testing.T) {
 					require.Equal(t, before.Token, b.record(ctx, t, p).Token, "the canceled write committed")
 				}
 				require.Equal(t, before, b.record(ctx, t, p))
+			})
+		}
+	})
+}
+
+// TestDoUnderStricterDefaultIsolation: with REPEATABLE READ or SERIALIZABLE
+// as the sessions' default, Do's deferred claim cannot trust a snapshot
+// taken before the key's lock was granted. A fresh key still completes
+// once, and a Do that waited for another Do holding the key replays that
+// one's response without running its callback.
+func TestDoUnderStricterDefaultIsolation(t *testing.T) {
+	forEachMode(t, func(t *testing.T, mode pgx.QueryExecMode) {
+		ctx, b := setup(t, mode)
+		for _, iso := range []string{"repeatable read", "serializable"} {
+			t.Run(strings.ReplaceAll(iso, " ", "_"), func(t *testing.T) {
+				cfg := b.pool.Config()
+				cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = iso
+				pool, err := pgxpool.NewWithConfig(ctx, cfg)
+				require.NoError(t, err)
+				t.Cleanup(pool.Close)
+				store, err := idem.New(idempg.New(pool), &idem.Config{WaitTimeout: 5 * time.Second, MaxTxRetries: 5})
+				require.NoError(t, err)
+				fp := idem.NewFingerprint([]byte("x"))
+				var calls atomic.Int32
+				respond := func(body string) func(context.Context, pgx.Tx) (*idem.Response, error) {
+					return func(context.Context, pgx.Tx) (*idem.Response, error) {
+						calls.Add(1)
+						return &idem.Response{StatusCode: 201, Body: []byte(body)}, nil
+					}
+				}
+
+				res, err := store.Do(ctx, "t", newKey(), fp, respond("fresh"))
+				require.NoError(t, err)
+				require.False(t, res.Replayed)
+				require.EqualValues(t, 1, calls.Load())
+
+				key := newKey()
+				entered, proceed := make(chan struct{}), make(chan struct{})
+				first := make(chan error, 1)
+				go func() {
+					_, err := store.Do(ctx, "t", key, fp, func(ctx context.Context, tx pgx.Tx) (*idem.Response, error) {
+						close(entered)
+						<-proceed
+						return respond("first")(ctx, tx)
+					})
+					first <- err
+				}()
+				<-entered
+				second := make(chan *idem.Result, 1)
+				go func() {
+					res, err := store.Do(ctx, "t", key, fp, respond("second"))
+					assert.NoError(t, err)
+					second <- res
+				}()
+				time.Sleep(200 * time.Millisecond) // the second Do is waiting for the key's lock
+				close(proceed)
+				require.NoError(t, <-first)
+				res = <-second
+				require.NotNil(t, res)
+				require.True(t, res.Replayed, "the second Do must replay the first one's response")
+				require.Equal(t, "first", string(res.Response.Body))
+				require.EqualValues(t, 2, calls.Load(), "the second Do's callback must not run")
 			})
 		}
 	})
