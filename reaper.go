@@ -28,9 +28,10 @@ type ReaperConfig struct {
 	MaxBatches int
 	// BatchPause is a pause between two DELETE statements of one pass. A
 	// large backlog deleted back to back keeps a database core busy, which
-	// on a small server shows in the claims' tail latency; a pause about as
-	// long as one batch takes roughly halves the reaper's share (see
-	// docs/performance.md). Defaults to 0: no pause.
+	// on a small server shows in the claims' tail latency; a pause gives
+	// that core back to the claims, at the price of a slower cleanup (what
+	// it bought on a 2-core machine is in docs/performance.md). Defaults
+	// to 0: no pause.
 	BatchPause time.Duration
 	// StaleLimit is the most stale leases one pass resolves. Defaults to 100.
 	StaleLimit int
