@@ -1549,6 +1549,7 @@ func TestCanceledWaitLeavesNothing(t *testing.T) {
 // once, and a Do that waited for another Do holding the key replays that
 // one's response without running its callback.
 func TestDoUnderStricterDefaultIsolation(t *testing.T) {
+	t.Parallel()
 	forEachMode(t, func(t *testing.T, mode pgx.QueryExecMode) {
 		ctx, b := setup(t, mode)
 		for _, iso := range []string{"repeatable read", "serializable"} {

@@ -160,7 +160,7 @@ type executor struct {
 func (e *executor) txExec(ctx context.Context, ps func(*txStatements) *preparedStmt, query string, args ...any) (sql.Result, error) {
 	if e.tx != nil && e.stmts != nil {
 		if st := ps(e.stmts).st.Load(); st != nil {
-			return e.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+			return e.tx.StmtContext(ctx, st).ExecContext(ctx, args...) //nolint:sqlclosecheck // closed when the transaction ends; the prepared statement it wraps stays on the DB
 		}
 	}
 	return e.h.ExecContext(ctx, query, args...)
@@ -170,7 +170,7 @@ func (e *executor) txExec(ctx context.Context, ps func(*txStatements) *preparedS
 func (e *executor) txQueryRow(ctx context.Context, ps func(*txStatements) *preparedStmt, query string, args ...any) *sql.Row {
 	if e.tx != nil && e.stmts != nil {
 		if st := ps(e.stmts).st.Load(); st != nil {
-			return e.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+			return e.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...) //nolint:sqlclosecheck // closed when the transaction ends; the prepared statement it wraps stays on the DB
 		}
 	}
 	return e.h.QueryRowContext(ctx, query, args...)

@@ -25,7 +25,7 @@ func SQLFloor(ctx context.Context, db *sql.DB, begin func(context.Context) (*sql
 	}
 	var row *sql.Row
 	if read != nil {
-		row = tx.StmtContext(ctx, read).QueryRowContext(ctx, scope, key)
+		row = tx.StmtContext(ctx, read).QueryRowContext(ctx, scope, key) //nolint:sqlclosecheck // a transaction's statement closes with the transaction
 	} else {
 		row = tx.QueryRowContext(ctx, readQuery, scope, key)
 	}
@@ -52,7 +52,7 @@ func SQLFloor(ctx context.Context, db *sql.DB, begin func(context.Context) (*sql
 			args = append(args, Response.StatusCode, header, Response.Body)
 		}
 		if insert != nil {
-			_, err = tx.StmtContext(ctx, insert).ExecContext(ctx, args...)
+			_, err = tx.StmtContext(ctx, insert).ExecContext(ctx, args...) //nolint:sqlclosecheck // a transaction's statement closes with the transaction
 		} else {
 			_, err = tx.ExecContext(ctx, insertQuery, args...)
 		}
