@@ -156,11 +156,15 @@ type executor struct {
 
 // txExec runs ps's statement on the executor's handle: through the
 // prepared statement when in a transaction and it is prepared, as text
-// otherwise.
+// otherwise, and also when the transaction belongs to another *sql.DB than
+// the Dialect's (which database/sql cannot run the Dialect's statements in).
 func (e *executor) txExec(ctx context.Context, ps func(*txStatements) *preparedStmt, query string, args ...any) (sql.Result, error) {
 	if e.tx != nil && e.stmts != nil {
 		if st := ps(e.stmts).st.Load(); st != nil {
-			return e.tx.StmtContext(ctx, st).ExecContext(ctx, args...) //nolint:sqlclosecheck // closed when the transaction ends; the prepared statement it wraps stays on the DB
+			res, err := e.tx.StmtContext(ctx, st).ExecContext(ctx, args...) //nolint:sqlclosecheck // closed when the transaction ends; the prepared statement it wraps stays on the DB
+			if !isForeignStmt(err) {
+				return res, err
+			}
 		}
 	}
 	return e.h.ExecContext(ctx, query, args...)
@@ -170,10 +174,22 @@ func (e *executor) txExec(ctx context.Context, ps func(*txStatements) *preparedS
 func (e *executor) txQueryRow(ctx context.Context, ps func(*txStatements) *preparedStmt, query string, args ...any) *sql.Row {
 	if e.tx != nil && e.stmts != nil {
 		if st := ps(e.stmts).st.Load(); st != nil {
-			return e.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...) //nolint:sqlclosecheck // closed when the transaction ends; the prepared statement it wraps stays on the DB
+			row := e.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...) //nolint:sqlclosecheck // closed when the transaction ends; the prepared statement it wraps stays on the DB
+			if !isForeignStmt(row.Err()) {
+				return row
+			}
 		}
 	}
 	return e.h.QueryRowContext(ctx, query, args...)
+}
+
+// isForeignStmt reports the error of Tx.StmtContext given a statement of
+// another *sql.DB than the transaction's. database/sql makes it with
+// errors.New and exports nothing to match, so its text is compared; it is
+// returned before anything reaches the database, so running the statement
+// as text afterwards is safe.
+func isForeignStmt(err error) bool {
+	return err != nil && err.Error() == "sql: Tx.Stmt: statement from different database used"
 }
 
 func stmtClaimSelect(ts *txStatements) *preparedStmt    { return &ts.claimSelect }

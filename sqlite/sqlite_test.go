@@ -1181,3 +1181,44 @@ func TestReaperQueryPlans(t *testing.T) {
 			"SEARCH idempotency_keys USING COVERING INDEX idempotency_keys_expires_at_idx (expires_at<?)")
 	}
 }
+
+// A transaction of another *sql.DB on the same file works with ClaimTx and
+// CompleteTx, as it did before the Dialect prepared its statements: they
+// are prepared on the Dialect's DB, which such a transaction cannot use, so
+// the executor runs them as text there.
+func TestTxOfAnotherDB(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	idemDB, err := idemsqlite.Open(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = idemDB.Close() })
+	require.NoError(t, idemsqlite.Migrate(ctx, idemDB))
+	appDB, err := idemsqlite.Open(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = appDB.Close() })
+
+	d := idemsqlite.New(idemDB)
+	store, err := idem.New(d, nil)
+	require.NoError(t, err)
+	// The Dialect's own Begin prepares its statements.
+	own, err := d.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, d.Rollback(ctx, own))
+
+	fp := idem.NewFingerprint([]byte("x"))
+	for _, key := range []string{"k1", "k2"} {
+		tx, err := appDB.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		c, err := store.ClaimTx(ctx, tx, "s", key, fp)
+		require.NoError(t, err)
+		require.True(t, c.Acquired())
+		require.NoError(t, store.CompleteTx(ctx, tx, c, &idem.Response{StatusCode: 201, Body: []byte(key)}))
+		require.NoError(t, tx.Commit())
+
+		rec, err := store.Get(ctx, "s", key)
+		require.NoError(t, err)
+		require.Equal(t, idem.StatusSucceeded, rec.Status)
+		require.Equal(t, key, string(rec.Response.Body))
+	}
+}
