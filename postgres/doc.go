@@ -40,9 +40,18 @@
 // [Dialect.CompleteCommit]): three round trips with the callback's one
 // statement, against five. Its callback's pgx.Tx is then one of this
 // package, bound to a connection of the pool until the transaction ends.
+// Do's claim is deferred: it writes nothing, holding instead a
+// transaction-level advisory lock on a 64-bit hash of the table, scope and
+// key (pg_try_advisory_xact_lock with BEGIN; pg_advisory_xact_lock under
+// lock_timeout when another transaction holds it), and its completion
+// inserts the finished record. The claim statement above takes the same
+// lock before it inserts, whenever no committed record is visible, so
+// every creator of a key waits for every other; replays take no lock. The
+// application's own advisory locks share PostgreSQL's key space: a
+// collision (about 2^-64) only makes one transaction wait for the other.
 //
 // An INSERT that meets an uncommitted claim of the same key waits for that
-// transaction; lock_timeout bounds the wait to Config.WaitTimeout (rounded
+// transaction (on its advisory lock); lock_timeout bounds the wait to Config.WaitTimeout (rounded
 // up to a whole millisecond). When it runs out, PostgreSQL aborts the
 // current transaction: a claim made with a Tx method returns an
 // *idem.InProgressError with TxAborted set, and the caller must roll the
