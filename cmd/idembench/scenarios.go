@@ -504,28 +504,9 @@ func seedKeys[TTx any](ctx context.Context, s *idem.Store[TTx], insert func(cont
 		keys[i] = seedKey{scope: scopes[i%tenants], key: workload.NewKey()}
 	}
 	keys = append(keys, seedKey{scope: templateScope, key: templateKey})
-	const workers = 8
-	errs := make(chan error, workers)
-	for w := range workers {
-		go func() {
-			for i := w; i < len(keys); i += workers {
-				k := keys[i]
-				_, err := s.Do(ctx, k.scope, k.key, fingerprint, func(ctx context.Context, tx TTx) (*idem.Response, error) {
-					return response, insert(ctx, tx, k.scope)
-				})
-				if err != nil {
-					errs <- fmt.Errorf("seed: %w", err)
-					return
-				}
-			}
-			errs <- nil
-		}()
+	err := workload.Complete(ctx, s, insert, len(keys), func(i int) (string, string) { return keys[i].scope, keys[i].key })
+	if err != nil {
+		err = fmt.Errorf("seed: %w", err)
 	}
-	var first error
-	for range workers {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	return keys[:n], first
+	return keys[:n], err
 }

@@ -358,28 +358,5 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 
 // seed completes keys through s.Do from 8 goroutines.
 func seed[TTx any](ctx context.Context, s *idem.Store[TTx], insert func(context.Context, TTx, string) error, keys []seedKey) error {
-	const workers = 8
-	errs := make(chan error, workers)
-	for w := range workers {
-		go func() {
-			for i := w; i < len(keys); i += workers {
-				k := keys[i]
-				_, err := s.Do(ctx, k.scope, k.key, fingerprint, func(ctx context.Context, tx TTx) (*idem.Response, error) {
-					return Response, insert(ctx, tx, k.scope)
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-			errs <- nil
-		}()
-	}
-	var first error
-	for range workers {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
+	return workload.Complete(ctx, s, insert, len(keys), func(i int) (string, string) { return keys[i].scope, keys[i].key })
 }

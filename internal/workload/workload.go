@@ -5,6 +5,7 @@
 package workload
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
@@ -45,4 +46,38 @@ func NewKey() string {
 	binary.LittleEndian.PutUint64(raw[:8], rand.Uint64()) //nolint:gosec // G404: keys only need to be distinct
 	binary.LittleEndian.PutUint64(raw[8:], rand.Uint64()) //nolint:gosec // G404: keys only need to be distinct
 	return hex.EncodeToString(raw[:])
+}
+
+// Complete completes n keys through s.Do from 8 goroutines, each inserting
+// one business row with insert (for the key's scope) and answering with
+// Response, and returns the first error. key returns the i-th key. It is
+// how the Go benchmarks and the load tool seed the records that replays
+// read.
+func Complete[TTx any](ctx context.Context, s *idem.Store[TTx], insert func(context.Context, TTx, string) error,
+	n int, key func(i int) (scope, key string),
+) error {
+	const workers = 8
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			for i := w; i < n; i += workers {
+				scope, k := key(i)
+				_, err := s.Do(ctx, scope, k, Fingerprint, func(ctx context.Context, tx TTx) (*idem.Response, error) {
+					return Response, insert(ctx, tx, scope)
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	var first error
+	for range workers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
