@@ -88,7 +88,7 @@ func BenchmarkIdem(b *testing.B) {
 					return db.QueryRowContext(ctx, benchMySQLSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
 				},
 				Floor: func(ctx context.Context, scope, key string) error {
-					return benchkit.SQLFloor(ctx, db, nil, insertOrder, header, nil, nil, benchMySQLSelect, benchMySQLFloorInsert, scope, key, nil)
+					return benchkit.SQLFloor(ctx, db, insertOrder, header, nil, nil, benchMySQLSelect, benchMySQLFloorInsert, scope, key, nil)
 				},
 			}
 		},

@@ -106,8 +106,12 @@ RETURNING lease_expires_at, created_at, expires_at`
 // different schemas do not share locks; a collision of two keys' hashes
 // (about 2^-64) only makes one claimer wait for the other's transaction.
 // The void result is cast to text so the column has a type a CTE accepts.
-const keyLock1 = `pg_advisory_xact_lock(hashtextextended($2::text,
-		hashtextextended($1::text, 'idempotency_keys'::regclass::oid::bigint)))::text`
+const keyLock1 = `pg_advisory_xact_lock(` + keyHash1 + `)::text`
+
+// keyHash1 is the key's lock id: the hash of the key ($2) seeded with the
+// hash of the scope ($1), itself seeded with the table's oid.
+const keyHash1 = `hashtextextended($2::text,
+		hashtextextended($1::text, 'idempotency_keys'::regclass::oid::bigint))`
 
 // claimLock is the first statement of a deferred claim (ClaimParams.Defer,
 // Do's): it saves the caller's lock_timeout, sets ours ($3), and takes the
@@ -139,8 +143,7 @@ const claimTryLock = `SELECT ` + keyTryLock1 + `, current_setting('transaction_i
 	COALESCE($3::timestamptz, clock_timestamp())`
 
 // keyTryLock1 is keyLock1 without the wait: true when the lock was granted.
-const keyTryLock1 = `pg_try_advisory_xact_lock(hashtextextended($2::text,
-		hashtextextended($1::text, 'idempotency_keys'::regclass::oid::bigint)))`
+const keyTryLock1 = `pg_try_advisory_xact_lock(` + keyHash1 + `)`
 
 // claimReadLocked reads the record after claimTryLock, in a statement of
 // its own so that its snapshot, under READ COMMITTED, is taken after the

@@ -84,7 +84,7 @@ func BenchmarkIdem(b *testing.B) {
 					return reads.QueryRowContext(ctx, benchSQLiteSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
 				},
 				Floor: func(ctx context.Context, scope, key string) error {
-					return benchkit.SQLFloor(ctx, writes, nil, insertOrder, header, floorRead, floorInsert, "", "", scope, key, func() []any {
+					return benchkit.SQLFloor(ctx, writes, insertOrder, header, floorRead, floorInsert, "", "", scope, key, func() []any {
 						now := time.Now().UnixMicro()
 						return []any{now, benchkit.Response.StatusCode, header, benchkit.Response.Body, now, now, now, now + 86_400_000_000}
 					})

@@ -6,20 +6,17 @@ import (
 	"errors"
 )
 
-// SQLFloor is Pools.Floor for a database/sql dialect: BEGIN on db (or with
-// begin), the primary-key read of the key (readQuery, prepared as read when
+// SQLFloor is Pools.Floor for a database/sql dialect: BEGIN on db, the
+// primary-key read of the key (readQuery, prepared as read when
 // not nil), insertOrder, the insert of the finished record (insertQuery,
 // prepared as insert when not nil) and COMMIT, one round trip each.
 // insertArgs returns the insert's arguments after scope, key, fingerprint
 // and token; nil gives the response's status code, headers and body.
-func SQLFloor(ctx context.Context, db *sql.DB, begin func(context.Context) (*sql.Tx, error),
+func SQLFloor(ctx context.Context, db *sql.DB,
 	insertOrder func(context.Context, *sql.Tx, string) error, header []byte,
 	read, insert *sql.Stmt, readQuery, insertQuery, scope, key string, insertArgs func() []any,
 ) error {
-	if begin == nil {
-		begin = func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) }
-	}
-	tx, err := begin(ctx)
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
