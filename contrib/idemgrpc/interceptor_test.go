@@ -427,3 +427,17 @@ func TestConfigErrors(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, errors.Is(err, idem.ErrStoreUnavailable))
 }
+
+func TestAccessorsOutsideInterceptor(t *testing.T) {
+	ctx := t.Context()
+	_, ok := idemgrpc.Tx[*sql.Tx](ctx)
+	require.False(t, ok)
+	_, ok = idemgrpc.Key(ctx)
+	require.False(t, ok)
+	_, ok = idemgrpc.Scope(ctx)
+	require.False(t, ok)
+	require.False(t, idemgrpc.MarkFinal(ctx))
+	_, ok = idemgrpc.RetryDelay(errors.New("plain"))
+	require.False(t, ok)
+	require.Empty(t, idemgrpc.Reason(status.Error(codes.Internal, "not ours")))
+}
