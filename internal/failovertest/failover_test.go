@@ -114,6 +114,25 @@ func TestFailover(t *testing.T) {
 	store, err := idem.New(idempg.New(pool), &idem.Config{LeaseDuration: 10 * time.Second, WaitTimeout: 2 * time.Second})
 	require.NoError(t, err)
 
+	// A client that reaches the standby directly, as one whose DNS name or
+	// virtual IP has not moved yet would: refused as unavailable (25006)
+	// until the promotion, served afterwards.
+	standbyPool, err := pgxpool.New(ctx, e.standbyURL)
+	require.NoError(t, err)
+	t.Cleanup(standbyPool.Close)
+	standbyStore, err := idem.New(idempg.New(standbyPool), &idem.Config{})
+	require.NoError(t, err)
+	standbyDo := func() error {
+		_, err := standbyStore.Do(ctx, "standby-probe", "before-and-after", idem.NewFingerprint([]byte("probe")),
+			func(context.Context, pgx.Tx) (*idem.Response, error) { return &idem.Response{StatusCode: 200}, nil })
+		return err
+	}
+	err = standbyDo()
+	require.ErrorIs(t, err, idem.ErrStoreUnavailable, "Do on the standby before the promotion")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "25006", pgErr.Code)
+
 	httpClients := scaled(8, 16)
 	doClients := scaled(2, 4)
 	beforeKill := scaled(4*time.Second, 15*time.Second)
@@ -150,16 +169,18 @@ func TestFailover(t *testing.T) {
 	require.False(t, inRecovery)
 	t.Logf("standby promoted %s after the kill", promotedAt.Sub(killedAt).Round(time.Millisecond))
 
+	require.NoError(t, standbyDo(), "Do on the promoted standby")
+
 	sleep(t, afterPromote)
 	stopLoad()
 	wg.Wait()
 
 	v := run.verify(t, standby, svc.base)
-	outage := "no 201 after the kill"
+	outage := "no success of a request sent after the kill"
 	if first := run.firstOKAfterKill.Load(); first != 0 {
 		// pg_promote(wait) polls for the end of recovery every 100 ms: the
 		// first 201 may come before it returns.
-		outage = fmt.Sprintf("first 201 after the kill %s later",
+		outage = fmt.Sprintf("first success of a request sent after the kill %s after the kill",
 			time.Duration(first-killedAt.UnixNano()).Round(time.Millisecond))
 	}
 	notes := fmt.Sprintf("%d HTTP clients, %d intents (%d retried: %d replayed, %d ran once on the new primary); %d Do clients, %d intents, %d Do errors unclassified; %d verification replays; pg_promote returned %s after the kill; %s",
@@ -319,8 +340,11 @@ func (r *runState) count(label string) {
 	r.requests++
 }
 
-func (r *runState) sawOK() {
-	if k := r.killedAt.Load(); k != 0 && r.firstOKAfterKill.Load() == 0 {
+// sawOK notes a success of an attempt sent at sent: the first one sent
+// after the kill measures how long the service had no primary (an attempt
+// sent before may have committed before the kill and been answered after).
+func (r *runState) sawOK(sent time.Time) {
+	if k := r.killedAt.Load(); k != 0 && sent.UnixNano() > k && r.firstOKAfterKill.Load() == 0 {
 		r.firstOKAfterKill.CompareAndSwap(0, time.Now().UnixNano())
 	}
 }
@@ -402,13 +426,14 @@ func (r *runState) httpClient(loadCtx, finishCtx context.Context, base string, c
 		r.intents = append(r.intents, in)
 		r.mu.Unlock()
 		for try := 0; ; try++ {
+			sent := time.Now()
 			label, body := post(finishCtx, base, in)
 			r.count(label)
 			in.labels = append(in.labels, label)
 			in.final = label
 			if strings.HasPrefix(label, "201") {
 				in.oks = append(in.oks, body)
-				r.sawOK()
+				r.sawOK(sent)
 				break
 			}
 			if !retryable(label) || !pause(finishCtx, try) {
@@ -441,6 +466,7 @@ func (r *runState) doClient(loadCtx, finishCtx context.Context, store *idem.Stor
 		fp := idem.NewFingerprint([]byte(d.key))
 		for try := 0; ; try++ {
 			d.attempts++
+			sent := time.Now()
 			callCtx, cancel := context.WithTimeout(finishCtx, 10*time.Second)
 			res, err := store.Do(callCtx, scope, d.key, fp, func(ctx context.Context, tx pgx.Tx) (*idem.Response, error) {
 				var id int64
@@ -452,7 +478,7 @@ func (r *runState) doClient(loadCtx, finishCtx context.Context, store *idem.Stor
 			cancel()
 			if err == nil {
 				d.ok = res
-				r.sawOK()
+				r.sawOK(sent)
 				break
 			}
 			label := classify(err)
@@ -577,7 +603,7 @@ func (r *runState) verify(t *testing.T, conn *pgx.Conn, base string) verdict {
 	// record exists without its order.
 	var completed, other int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 2), count(*) FILTER (WHERE status <> 2)
-		FROM idempotency_keys WHERE scope <> 'do-probe'`).Scan(&completed, &other))
+		FROM idempotency_keys WHERE scope NOT IN ('do-probe', 'standby-probe')`).Scan(&completed, &other))
 	assert.Equal(t, orderRows, completed, "orders rows vs completed idempotency records")
 	assert.Zero(t, other, "records not completed")
 	if orderRows > len(r.intents) {
