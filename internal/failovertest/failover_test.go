@@ -448,6 +448,7 @@ type doIntent struct {
 	key          string
 	errs         []string // every error, classified or not
 	unclassified []string
+	effectErrs   []string // the callback's own errors, which idem returns as they are
 	ok           *idem.Result
 	attempts     int
 }
@@ -485,6 +486,9 @@ func (r *runState) doClient(loadCtx, finishCtx context.Context, store *idem.Stor
 			d.errs = append(d.errs, label)
 			if strings.HasPrefix(label, "unclassified") {
 				d.unclassified = append(d.unclassified, err.Error())
+			}
+			if strings.HasPrefix(label, "effect error") {
+				d.effectErrs = append(d.effectErrs, err.Error())
 			}
 			if finishCtx.Err() != nil || !pause(finishCtx, try) {
 				break
@@ -626,6 +630,9 @@ func (r *runState) verify(t *testing.T, conn *pgx.Conn, base string) verdict {
 		v.unclassified += len(d.unclassified)
 		for _, u := range d.unclassified {
 			t.Errorf("Do %s: unclassified error: %s", d.key, u)
+		}
+		for _, u := range d.effectErrs {
+			t.Logf("Do %s: the callback's INSERT failed: %s", d.key, u)
 		}
 		if d.ok == nil {
 			t.Errorf("Do %s ended without a result: %v", d.key, d.errs)
