@@ -120,8 +120,8 @@ func TestRetryableClasses(t *testing.T) {
 			w.WriteHeader(http.StatusConflict)
 			_, _ = io.WriteString(w, `{"type":"about:blank","code":"idempotency_request_in_progress"}`)
 		},
-		"425": status(http.StatusTooEarly, ""),
-		"429": status(http.StatusTooManyRequests, ""),
+		"425":                           status(http.StatusTooEarly, ""),
+		"429":                           status(http.StatusTooManyRequests, ""),
 		"500 from the handler":          status(http.StatusInternalServerError, ""),
 		"500 with another code":         status(http.StatusInternalServerError, "internal_error"),
 		"502":                           status(http.StatusBadGateway, ""),
