@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,12 +100,88 @@ func TestOrdersServerKilled(t *testing.T) {
 
 			orders := ordersproc.Orders(t, srv.URL, tenant)
 			require.Len(t, orders, 1, "exactly one order")
+			require.Equal(t, 1, ordersproc.Rows(t, db, "orders", tenant), "one row in the database file")
 			require.JSONEq(t, string(orders[0]), out.body, "the answer is the order that was stored")
 			var o struct {
 				ID int64 `json:"id"`
 			}
 			require.NoError(t, json.Unmarshal(orders[0], &o))
 			require.NotZero(t, o.ID)
+		})
+	}
+}
+
+// recorder is a RoundTripper under the client under test that records the
+// status (or 0 for an error) of every attempt.
+type recorder struct {
+	mu       sync.Mutex
+	statuses []int
+}
+
+func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		r.statuses = append(r.statuses, 0)
+	} else {
+		r.statuses = append(r.statuses, resp.StatusCode)
+	}
+	return resp, err
+}
+
+func (r *recorder) seen() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]int(nil), r.statuses...)
+}
+
+// TestOrdersSlowServer: against the real service, an attempt that times out
+// is retried with the same key and gets the original's answer once it is
+// stored, never a second effect. POST /payments runs in the leased mode: the
+// retry meets 409 in progress, whose Retry-After (1s, not the 30s lease)
+// the client honours.
+func TestOrdersSlowServer(t *testing.T) {
+	t.Parallel()
+	bin := ordersproc.Build(t, "..")
+	for name, c := range map[string]struct {
+		args   []string
+		path   string
+		body   string
+		table  string
+		status int // an answer the client must have retried, besides the timeout
+	}{
+		"orders, transactional": {args: []string{"-handler-delay", "1500ms"}, path: "/orders", body: `{"sku":"tea","qty":1,"amount_cents":100}`, table: "orders"},
+		"payments, leased":      {args: []string{"-provider-delay", "2s"}, path: "/payments", body: `{"amount_cents":4200}`, table: "payments", status: http.StatusConflict},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := filepath.Join(t.TempDir(), "orders.db")
+			srv := ordersproc.Start(t, bin, db, "127.0.0.1:0", c.args...)
+			rec := &recorder{}
+			tr, err := idemclient.New(&idemclient.Config{Base: rec, AttemptTimeout: 500 * time.Millisecond, MinBackoff: 50 * time.Millisecond})
+			require.NoError(t, err)
+			tenant := "slow-" + c.table
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+c.path, strings.NewReader(c.body))
+			require.NoError(t, err)
+			req.Header.Set("X-Tenant-ID", tenant)
+			start := time.Now()
+			resp, err := (&http.Client{Transport: tr}).Do(req)
+			require.NoError(t, err)
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.NoError(t, err)
+			elapsed := time.Since(start)
+			t.Logf("attempts %v in %s", rec.seen(), elapsed.Round(time.Millisecond))
+
+			require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
+			require.Equal(t, "true", resp.Header.Get("Idempotency-Replayed"), "the answer of the first attempt, stored")
+			require.Equal(t, 0, rec.seen()[0], "the first attempt timed out")
+			if c.status != 0 {
+				require.Contains(t, rec.seen(), c.status)
+			}
+			require.Less(t, elapsed, 6*time.Second, "Retry-After was short enough to follow the original closely")
+			require.Equal(t, 1, ordersproc.Rows(t, db, c.table, tenant), "one effect")
 		})
 	}
 }

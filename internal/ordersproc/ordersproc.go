@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	idemsqlite "github.com/idemstore/idem/sqlite"
 )
 
 // buildMu serialises builds within one test binary: the second build finds
@@ -161,6 +163,27 @@ func Orders(t testing.TB, base, tenant string) []json.RawMessage {
 		t.Fatalf("GET /orders: count %d for %d orders", list.Count, len(list.Orders))
 	}
 	return list.Orders
+}
+
+// Rows counts tenant's rows of table ("orders" or "payments", never input)
+// in the service's SQLite file db, read directly rather than through the
+// service.
+func Rows(t testing.TB, db, table, tenant string) int {
+	t.Helper()
+	if table != "orders" && table != "payments" {
+		t.Fatalf("unknown table %q", table)
+	}
+	conn, err := idemsqlite.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var n int
+	//nolint:gosec // G202: table is one of two constants, checked above
+	if err := conn.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM "+table+" WHERE tenant = ?", tenant).Scan(&n); err != nil {
+		t.Fatalf("count %s: %v", table, err)
+	}
+	return n
 }
 
 // CrashFirst is a RoundTripper under the client under test: it asks the
