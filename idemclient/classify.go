@@ -35,9 +35,10 @@ const peekLimit = 4 << 10
 // the same key and body. err is the error of the round trip (resp is nil
 // then), resp the response otherwise.
 //
-// Errors are retryable except those a retry cannot cure: a context that
-// ended (the caller's deadline or cancellation), a certificate that does not
-// verify, a malformed request. Statuses are retryable as listed in the
+// Errors are retryable except those a retry cannot cure: a cancelled
+// context, a certificate that does not verify, a malformed request. A
+// timeout is retryable, whichever deadline it met: check the request's own
+// context first (ctx.Err() != nil: stop), as [Transport] does. Statuses are retryable as listed in the
 // package documentation: 408, 409 idempotency_request_in_progress, 425,
 // 429, 500 (but not idempotency_response_too_large), 502, 503 and 504.
 //
@@ -66,9 +67,11 @@ func Retryable(resp *http.Response, err error) bool {
 
 // retryableError classifies a round trip's error.
 func retryableError(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		// The caller's context (a per-attempt timeout is told apart by
-		// the Transport before it gets here).
+	if errors.Is(err, context.Canceled) {
+		// Someone gave up on the request. A deadline is another matter:
+		// an attempt's timeout (http.Client.Timeout, the transport's)
+		// wraps context.DeadlineExceeded too, and is retryable; the
+		// caller checks its own context before retrying.
 		return false
 	}
 	var (

@@ -233,7 +233,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request) (resp *http.
 	}
 	if err != nil {
 		cancel(nil)
-		return nil, Retryable(nil, err), err
+		return nil, ctx.Err() == nil && Retryable(nil, err), err
 	}
 	// The caller reads the body after RoundTrip returns: the attempt's
 	// context ends when the body is closed.

@@ -2,6 +2,8 @@ package idemclient_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -417,4 +419,40 @@ func TestBackoff(t *testing.T) {
 			require.LessOrEqual(t, d, ceil, n)
 		}
 	}
+}
+
+func TestRetryableErrors(t *testing.T) {
+	t.Parallel()
+	for err, want := range map[error]bool{
+		errors.New("read tcp: connection reset by peer"): true,
+		io.ErrUnexpectedEOF: true,
+		fmt.Errorf("Client.Timeout exceeded: %w", context.DeadlineExceeded):      true,
+		fmt.Errorf("Post: %w", context.Canceled):                                 false,
+		fmt.Errorf("tls: %w", x509.UnknownAuthorityError{}):                      false,
+		fmt.Errorf("tls: %w", &tls.CertificateVerificationError{Err: io.EOF}):    false,
+		errors.New(`Post "ftp://x": unsupported protocol scheme "ftp"`):          false,
+		errors.New(`net/http: invalid header field value for "Idempotency-Key"`): false,
+	} {
+		require.Equal(t, want, idemclient.Retryable(nil, err), err.Error())
+	}
+	require.False(t, idemclient.Retryable(nil, nil), "no response, no error")
+}
+
+// TestBaseTransportTimeout: a timeout of the base transport's own
+// (ResponseHeaderTimeout here) is retried like an attempt timeout.
+func TestBaseTransportTimeout(t *testing.T) {
+	t.Parallel()
+	s := newScripted(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(2 * time.Second):
+		case <-r.Context().Done():
+		}
+	}, created)
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	base.ResponseHeaderTimeout = 200 * time.Millisecond
+	t.Cleanup(base.CloseIdleConnections)
+	resp, _, err := post(t, fast(t, idemclient.Config{Base: base}), t.Context(), s.srv.URL, `{}`)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Len(t, s.seen(), 2)
 }
