@@ -91,7 +91,7 @@ func Backoff(minWait, maxWait time.Duration, attemptNum int, resp *http.Response
 // ErrNoKey is returned by RequireKey, and so by the client's Do, for a
 // request of a non-idempotent method about to be retried without an
 // idempotency key.
-var ErrNoKey = errors.New("idemretryable: a POST or PATCH without an Idempotency-Key is not retried (call SetKey before Do)")
+var ErrNoKey = errors.New("idem/contrib/retryablehttp: a POST or PATCH without an Idempotency-Key is not retried (call SetKey before Do)")
 
 // RequireKey is a retryablehttp.PrepareRetry that refuses to retry a POST
 // or PATCH that carries no idempotency key: without one, the server cannot
