@@ -71,8 +71,12 @@ demo: ## Run the orders demo on embedded SQLite (examples/orders)
 goose-cli: ## Check the goose CLI migrates the shipped files up and down on all three dialects
 	bash .ci/goose-cli.sh
 
+.PHONY: modules
+modules: ## Check every contrib/ module (gofmt, vet, tidy, tests) and the go.work workspace
+	bash .ci/modules.sh
+
 .PHONY: ci
-ci: ## Run what CI runs: start the servers, gofmt, vet, tests, goose CLI check
+ci: ## Run what CI runs: start the servers, gofmt, vet, tests, goose CLI check, contrib modules
 	bash .ci/run
 
 # The fault suite (faults/, build tag "faults") at full scale on every dialect; the rows it
