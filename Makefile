@@ -105,3 +105,16 @@ loadtest: ## Run the load tool on every dialect and print its tables (see docs/p
 loadtest/quick: ## Run the load tool briefly (1 and 8 workers, 1s, one repetition, small tables)
 	$(GO) run ./cmd/idembench -dialect $(LOADTEST_DIALECT) -workers 1,8 -duration 1s -reps 1 \
 		-prefill 20000 -reaper-rows 10000 $(LOADTEST_ARGS)
+
+# A 3-node MariaDB Galera cluster on 127.0.0.1:13306-13308 (.ci/galera.sh: Debian galera-4 and the
+# installed mariadbd, temp datadirs, stopped afterwards) and the mysql dialect's Galera tests
+# (build tag galera; docs/scaling.md "Galera"). make galera is the bounded run CI does;
+# make galera/full the scale docs/reliability.md quotes.
+.PHONY: galera
+galera: ## Start a 3-node Galera cluster and run the Galera tests (bounded, as in CI; about 2 minutes)
+	bash .ci/galera.sh
+
+.PHONY: galera/full
+galera/full: ## Run the Galera tests at full scale on a 3-node cluster (see docs/reliability.md)
+	bash .ci/galera.sh env IDEM_TEST_GALERA_SCALE=full IDEM_TEST_REQUIRE_DB=1 \
+		$(GO) test -tags galera -count=1 -timeout 30m -run '^TestGalera' -v ./mysql/
