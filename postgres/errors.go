@@ -23,8 +23,22 @@ const (
 	codeAdminShutdown        = "57P01"
 	codeCrashShutdown        = "57P02"
 	codeCannotConnectNow     = "57P03"
-	classConnection          = "08"
+	// A prepared statement missing on, or already on, the server
+	// connection: pgx's statement cache behind a transaction pooler.
+	codeInvalidStatementName       = "26000"
+	codeDuplicatePreparedStatement = "42P05"
+	classConnection                = "08"
 )
+
+// statementCacheAdvice is the fix for codeInvalidStatementName and
+// codeDuplicatePreparedStatement, which idem's own statements meet only when
+// the statements pgx prepared on one server connection are looked for on
+// another: a transaction pooler in front of the server.
+const statementCacheAdvice = "idem: postgres: a prepared statement was missing from, or already on, " +
+	"the server connection: a transaction pooler (PgBouncer pool_mode=transaction) is between pgx and " +
+	"PostgreSQL and pgx's statement cache is on; set ConnConfig.DefaultQueryExecMode to " +
+	"pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol (default_query_exec_mode=exec in the " +
+	"connection string), or enable max_prepared_statements on PgBouncer 1.21 or later"
 
 // interpretError classifies an error from a pgx call made with ctx. The
 // driver's error stays reachable through %w wrapping (errors.As(err, &pgErr)
@@ -58,6 +72,8 @@ func interpretError(ctx context.Context, err error) error {
 				return fmt.Errorf("idem: postgres: %w: %w", ctx.Err(), err)
 			}
 			return fmt.Errorf("%w: %w: %w", idem.ErrStoreUnavailable, ctx.Err(), err)
+		case pgErr.Code == codeInvalidStatementName, pgErr.Code == codeDuplicatePreparedStatement:
+			return fmt.Errorf("%w: %s: %w", idem.ErrMisconfigured, statementCacheAdvice, err)
 		case pgErr.Code == codeQueryCanceled, // statement_timeout or an administrator's cancel: no answer in time
 			pgErr.Code == codeTooManyConnections,
 			pgErr.Code == codeAdminShutdown, pgErr.Code == codeCrashShutdown,
