@@ -98,13 +98,19 @@ func TestWithSchemaIgnoresSearchPath(t *testing.T) {
 // unavailable forever.
 func TestStatementCacheLost(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, pgx.QueryExecModeCacheStatement)
-	tx := b.begin(ctx, t, pgx.TxOptions{})
-	_, err := b.dialect.Tx(tx).Claim(ctx, claimParams(newKey())) // prepares the claim's statements
+	// setup migrates in a mode safe through a pooler; the statement cache
+	// is the dialect's alone.
+	ctx, b := setup(t, defaultMode)
+	cache := testPool(ctx, t, pgx.QueryExecModeCacheStatement, 1)
+	d := idempg.New(cache, idempg.WithSchema(b.schema))
+	tx, err := cache.Begin(ctx) // one server connection until it ends, also through a pooler
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
+	_, err = d.Tx(tx).Claim(ctx, claimParams(newKey())) // prepares the claim's statements
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `DEALLOCATE ALL`)
 	require.NoError(t, err)
-	_, err = b.dialect.Tx(tx).Claim(ctx, claimParams(newKey()))
+	_, err = d.Tx(tx).Claim(ctx, claimParams(newKey()))
 	require.ErrorIs(t, err, idem.ErrMisconfigured)
 	require.NotErrorIs(t, err, idem.ErrRetryable)
 	require.NotErrorIs(t, err, idem.ErrStoreUnavailable)
@@ -130,7 +136,7 @@ func TestStatementCacheLost(t *testing.T) {
 // unavailable or retryable, and leaves nothing committed.
 func TestStatementCacheBehindPooler(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, pgx.QueryExecModeCacheStatement)
+	ctx, b := setup(t, defaultMode)
 	one := testPool(ctx, t, pgx.QueryExecModeCacheStatement, 1)
 	store, err := idem.New(idempg.New(one, idempg.WithSchema(b.schema)), &idem.Config{WaitTimeout: time.Second})
 	require.NoError(t, err)

@@ -69,9 +69,12 @@ func (b *testBundle) begin(ctx context.Context, t *testing.T, opts pgx.TxOptions
 }
 
 // waitBlocked waits until some backend waits on a lock held by holder.
+// The server is asked for holder's backend: through a pooler, the process
+// ID of the client connection is the pooler's.
 func (b *testBundle) waitBlocked(ctx context.Context, t *testing.T, holder pgx.Tx) {
 	t.Helper()
-	pid := holder.Conn().PgConn().PID()
+	var pid int
+	require.NoError(t, holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
 	require.Eventually(t, func() bool {
 		var n int
 		err := b.pool.QueryRow(ctx,
@@ -959,13 +962,14 @@ func TestLeaseQueryPlans(t *testing.T) {
 
 	t.Run("GenericPlan", func(t *testing.T) {
 		t.Parallel()
-		// The plan the statement cache may settle on after five runs. The
-		// connection leaves the pool, with its session settings, for good.
-		pooled, err := b.pool.Acquire(ctx)
+		// The plan the statement cache may settle on after five runs. All
+		// in one transaction, which keeps its server connection through a
+		// pooler: SET LOCAL ends with it, the prepared statement is
+		// deallocated in it.
+		conn, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
-		conn := pooled.Hijack()
-		defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-		_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
+		defer func() { _ = conn.Rollback(context.WithoutCancel(ctx)) }()
+		_, err = conn.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`)
 		require.NoError(t, err)
 		check(t, func(sql string) []byte {
 			_, err := conn.Exec(ctx, `PREPARE lease_plan(timestamptz, bigint) AS `+sql)
