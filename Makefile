@@ -71,6 +71,10 @@ demo: ## Run the orders demo on embedded SQLite (examples/orders)
 goose-cli: ## Check the goose CLI migrates the shipped files up and down on all three dialects
 	bash .ci/goose-cli.sh
 
+.PHONY: pgbouncer
+pgbouncer: ## Run the postgres tests through PgBouncer, transaction pooling (installs and starts it; see docs/scaling.md)
+	bash .ci/pgbouncer.sh
+
 .PHONY: ci
 ci: ## Run what CI runs: start the servers, gofmt, vet, tests, goose CLI check
 	bash .ci/run

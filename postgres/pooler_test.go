@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemstore/idem"
@@ -124,6 +125,34 @@ func TestStatementCacheLost(t *testing.T) {
 		require.NotErrorIs(t, err, idem.ErrRetryable, code)
 		require.ErrorAs(t, err, &pgErr)
 	}
+}
+
+// TestStartupParameterRefused: PgBouncer refuses a connection that sets a
+// startup parameter it does not track, such as a search_path: the same for
+// every connection, so a configuration error, not an outage. Through the
+// pooler the refusal is real; directly connected, the server accepts the
+// parameter, and the refusal is PgBouncer's error as pgconn reports it.
+func TestStartupParameterRefused(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, defaultMode)
+	cfg := b.pool.Config()
+	cfg.ConnConfig.RuntimeParams["search_path"] = b.schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = idempg.New(pool).DB().Claim(ctx, claimParams(newKey()))
+	if testdb.PostgresPooler() {
+		require.ErrorIs(t, err, idem.ErrMisconfigured)
+		require.NotErrorIs(t, err, idem.ErrStoreUnavailable)
+		require.Contains(t, err.Error(), "WithSchema")
+		requirePgCode(t, err, "08P01")
+	} else {
+		require.NoError(t, err, "the server takes search_path as a startup parameter")
+	}
+	refused := &pgconn.PgError{Severity: "FATAL", Code: "08P01", Message: "unsupported startup parameter: search_path"}
+	require.ErrorIs(t, idempg.InterpretError(ctx, refused), idem.ErrMisconfigured)
+	other := &pgconn.PgError{Severity: "ERROR", Code: "08P01", Message: "query_wait_timeout"}
+	require.ErrorIs(t, idempg.InterpretError(ctx, other), idem.ErrStoreUnavailable, "PgBouncer's other 08P01 errors stay unavailable")
 }
 
 // TestStatementCacheBehindPooler: pgx's default exec mode (the statement
