@@ -1437,6 +1437,7 @@ func TestCancelRequestWatcher(t *testing.T) {
 	ctx, b := setup(t, defaultMode)
 	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL(t))
 	require.NoError(t, err)
+	cfg.ConnConfig.DefaultQueryExecMode = defaultMode
 	cfg.ConnConfig.BuildContextWatcherHandler = func(conn *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: conn, DeadlineDelay: 10 * time.Second}
 	}
