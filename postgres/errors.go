@@ -24,6 +24,7 @@ const (
 	codeAdminShutdown        = "57P01"
 	codeCrashShutdown        = "57P02"
 	codeCannotConnectNow     = "57P03"
+	codeReadOnlyTransaction  = "25006"
 	// A prepared statement missing on, or already on, the server
 	// connection: pgx's statement cache behind a transaction pooler.
 	codeInvalidStatementName       = "26000"
@@ -94,6 +95,10 @@ func interpretError(ctx context.Context, err error) error {
 			pgErr.Code == codeTooManyConnections,
 			pgErr.Code == codeAdminShutdown, pgErr.Code == codeCrashShutdown,
 			pgErr.Code == codeCannotConnectNow,
+			// A hot standby (a failover not finished, or a name that still
+			// points at the old standby) or default_transaction_read_only:
+			// the store cannot write here now.
+			pgErr.Code == codeReadOnlyTransaction,
 			len(pgErr.Code) == 5 && pgErr.Code[:2] == classConnection:
 			return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
 		default:
