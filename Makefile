@@ -75,6 +75,10 @@ goose-cli: ## Check the goose CLI migrates the shipped files up and down on all 
 modules: ## Check every contrib/ module (gofmt, vet, tidy, tests) and the go.work workspace
 	bash .ci/modules.sh
 
+.PHONY: pgbouncer
+pgbouncer: ## Run the postgres tests through PgBouncer, transaction pooling (installs and starts it; see docs/scaling.md)
+	bash .ci/pgbouncer.sh
+
 .PHONY: ci
 ci: ## Run what CI runs: start the servers, gofmt, vet, tests, goose CLI check, contrib modules
 	bash .ci/run
