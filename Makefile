@@ -140,3 +140,16 @@ galera: ## Start a 3-node Galera cluster and run the Galera tests (bounded, as i
 galera/full: ## Run the Galera tests at full scale on a 3-node cluster (see docs/reliability.md)
 	bash .ci/galera.sh env IDEM_TEST_GALERA_SCALE=full IDEM_TEST_REQUIRE_DB=1 \
 		$(GO) test -tags galera -count=1 -timeout 30m -run '^TestGalera' -v ./mysql/
+
+# Mutation testing of the decision code (internal/cmd/mutate; docs/reliability.md "Mutation
+# testing"): MUTATE_SAMPLE Go operator mutants and MUTATE_SQL SQL mutants, drawn with
+# MUTATE_SEED, each run on the SQLite then the PostgreSQL conformance suite (needs
+# IDEM_TEST_POSTGRES_URL). About 35 minutes with the defaults on 2 shared cores.
+MUTATE_SAMPLE ?= 16
+MUTATE_SQL ?= 8
+MUTATE_SEED ?= 1
+MUTATE_FLAGS ?=
+
+.PHONY: mutation
+mutation: ## Run the mutation tester on the decision code and print the score and the survivors
+	$(GO) run ./internal/cmd/mutate -sample $(MUTATE_SAMPLE) -sample-sql $(MUTATE_SQL) -seed $(MUTATE_SEED) $(MUTATE_FLAGS)

@@ -77,8 +77,8 @@ type result struct {
 func main() {
 	var (
 		files   = flag.String("files", strings.Join(defaultFiles, ","), "comma-separated files to mutate, relative to the repository root")
-		sample  = flag.Int("sample", 28, "number of Go operator mutants to run, chosen at random with -seed (-1: all)")
-		sqlN    = flag.Int("sample-sql", 12, "number of SQL mutants to run, chosen at random with -seed (-1: all)")
+		sample  = flag.Int("sample", 16, "number of Go operator mutants to run, chosen at random with -seed (-1: all)")
+		sqlN    = flag.Int("sample-sql", 8, "number of SQL mutants to run, chosen at random with -seed (-1: all)")
 		seed    = flag.Uint64("seed", 1, "seed of the sample")
 		only    = flag.String("only", "", "comma-separated mutant IDs (or ID prefixes) to run instead of a sample")
 		list    = flag.Bool("list", false, "print the mutants and exit")
