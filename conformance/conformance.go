@@ -18,10 +18,12 @@ package conformance
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
 	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/migrations"
 )
 
 // Harness gives the suite fresh, isolated databases for one dialect.
@@ -55,6 +57,13 @@ type Namespace[TTx any] struct {
 	// "seed-0" ... "seed-<n-1>") whose retention deadline is expiresAt, in
 	// few statements, so reaper cases can start from a large table.
 	SeedExpired func(ctx context.Context, n int, expiresAt time.Time) error
+	// Migrate runs the dialect's Migrate on the namespace's pool (Open has
+	// run it once already).
+	Migrate func(ctx context.Context) error
+	// Unmigrate runs every down migration of the dialect on the namespace
+	// (goose down to version 0), so the migrate case can check that the
+	// schema comes back.
+	Unmigrate func(ctx context.Context) error
 	// Close closes the namespace's connection pool. Afterwards every store
 	// operation on Dialect must fail with idem.ErrStoreUnavailable.
 	Close func()
@@ -127,5 +136,18 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, staleCases[TTx]()...)
 	all = append(all, tenantCases[TTx]()...)
 	all = append(all, errorCases[TTx]()...)
+	all = append(all, executorCases[TTx]()...)
 	return all
+}
+
+// MigrateDown runs every down migration of the migrations package's
+// dialect on db (goose down to version 0): a [Namespace.Unmigrate] for
+// dialects whose pool is, or can be wrapped as, a *sql.DB.
+func MigrateDown(ctx context.Context, dialect string, db *sql.DB) error {
+	p, err := migrations.NewProvider(dialect, db)
+	if err != nil {
+		return err
+	}
+	_, err = p.DownTo(ctx, 0)
+	return err
 }

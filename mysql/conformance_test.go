@@ -18,6 +18,7 @@ import (
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/conformance"
 	"github.com/idemstore/idem/internal/testdb"
+	"github.com/idemstore/idem/migrations"
 	idemmysql "github.com/idemstore/idem/mysql"
 )
 
@@ -92,6 +93,8 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 		CountOrders:  ns.countOrders,
 		CountRecords: ns.countRecords,
 		SeedExpired:  ns.seedExpired,
+		Migrate:      func(ctx context.Context) error { return idemmysql.Migrate(ctx, ns.db) },
+		Unmigrate:    func(ctx context.Context) error { return conformance.MigrateDown(ctx, migrations.MySQL, ns.db) },
 		Close:        func() { _ = ns.db.Close() },
 		ChildEnv: []string{
 			childDSNEnv + "=" + h.server.dsn(ns.name, true),

@@ -10,11 +10,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/conformance"
 	"github.com/idemstore/idem/internal/testdb"
+	"github.com/idemstore/idem/migrations"
 	idempg "github.com/idemstore/idem/postgres"
 )
 
@@ -102,6 +104,12 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 		SeedExpired: func(ctx context.Context, n int, expiresAt time.Time) error {
 			_, err := pool.Exec(ctx, seedExpired, n, expiresAt)
 			return err
+		},
+		Migrate: func(ctx context.Context) error { return idempg.Migrate(ctx, pool) },
+		Unmigrate: func(ctx context.Context) error {
+			db := stdlib.OpenDBFromPool(pool)
+			defer func() { _ = db.Close() }()
+			return conformance.MigrateDown(ctx, migrations.Postgres, db)
 		},
 		Close: pool.Close,
 		ChildEnv: []string{
