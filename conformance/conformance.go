@@ -98,8 +98,21 @@ type Features struct {
 // fixed order.
 func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Helper()
+	run(t, h, cases[TTx]())
+}
+
+// RunExecutor runs only the executor cases, which call the Executor
+// directly, clause by clause: for a variant of a dialect (a driver option,
+// an exec mode) whose Store-level behaviour Run already covers.
+func RunExecutor[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Helper()
+	run(t, h, executorCases[TTx]())
+}
+
+func run[TTx any](t *testing.T, h Harness[TTx], cases []testCase[TTx]) {
+	t.Helper()
 	features := h.Features()
-	for _, c := range cases[TTx]() {
+	for _, c := range cases {
 		if c.applies != nil && !c.applies(features) {
 			continue // not applicable: registered as no subtest, so never counted as a pass or a skip
 		}

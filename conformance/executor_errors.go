@@ -62,7 +62,7 @@ func testExecutorNilTx[TTx any](t *testing.T, h Harness[TTx]) {
 }
 
 // testExecutorClosedPoolIsUnavailable: after the pool is closed every
-// method, and Begin, reports idem.ErrStoreUnavailable.
+// method, and Begin, report idem.ErrStoreUnavailable.
 func testExecutorClosedPoolIsUnavailable[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx, b := exSetup(t, h)
 	b.seed(ctx, t, "k", exClock, time.Minute, time.Hour)

@@ -35,6 +35,22 @@ func TestConformanceSessionVariable(t *testing.T) {
 	conformance.Run(t, newHarness(t, "SessionVariable"))
 }
 
+// TestConformanceServerPrepared runs the executor cases, on both claim
+// paths, with interpolateParams=false: every statement as a server-side
+// prepared statement, whose DATETIME(6) and VARBINARY arguments travel in
+// the binary protocol instead of as text.
+func TestConformanceServerPrepared(t *testing.T) {
+	t.Parallel()
+	for _, p := range claimPaths {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, p.name)
+			h.serverPrepared = true
+			conformance.RunExecutor(t, h)
+		})
+	}
+}
+
 // claimPath returns the constructor of the claim path named name in claimPaths.
 func claimPath(t *testing.T, name string) func(*sql.DB) *idemmysql.Dialect {
 	t.Helper()
@@ -75,6 +91,8 @@ type harness struct {
 	server     *server
 	path       string // the claim path's name in claimPaths
 	newDialect func(*sql.DB) *idemmysql.Dialect
+	// serverPrepared turns interpolateParams off.
+	serverPrepared bool
 }
 
 var _ conformance.Harness[*sql.Tx] = (*harness)(nil)
@@ -86,7 +104,7 @@ func newHarness(t *testing.T, path string) *harness {
 
 func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*sql.Tx] {
 	t.Helper()
-	ns := h.server.open(ctx, t, true)
+	ns := h.server.open(ctx, t, !h.serverPrepared)
 	return &conformance.Namespace[*sql.Tx]{
 		Dialect:      h.newDialect(ns.db),
 		InsertOrder:  ns.insertOrder,
@@ -97,7 +115,7 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 		Unmigrate:    func(ctx context.Context) error { return conformance.MigrateDown(ctx, migrations.MySQL, ns.db) },
 		Close:        func() { _ = ns.db.Close() },
 		ChildEnv: []string{
-			childDSNEnv + "=" + h.server.dsn(ns.name, true),
+			childDSNEnv + "=" + h.server.dsn(ns.name, !h.serverPrepared),
 			childPathEnv + "=" + h.path,
 		},
 	}
