@@ -163,6 +163,19 @@ func (b *exBundle[TTx]) afterHolder(ctx context.Context, t *testing.T, holder TT
 	return <-done
 }
 
+// heldClaim claims a fresh key in a transaction left open, and returns it
+// with the claim's arguments and those of a waiter for the same key.
+func (b *exBundle[TTx]) heldClaim(ctx context.Context, t *testing.T, prefix string) (holder TTx, p, waiter *idem.ClaimParams) {
+	t.Helper()
+	p = claimArgs(newKey(prefix))
+	holder = b.begin(ctx, t)
+	_, err := b.d.Tx(holder).Claim(ctx, p)
+	require.NoError(t, err)
+	w := *p
+	w.Token = exTokens.Add(1)
+	return holder, p, &w
+}
+
 func takeoverOf(p *idem.ClaimParams, token int64, cond idem.TakeoverCondition, now *time.Time) *idem.TakeoverParams {
 	return &idem.TakeoverParams{
 		Scope: p.Scope, Key: p.Key, Token: token, NewToken: exTokens.Add(1), Fingerprint: fp("takeover"),
@@ -283,16 +296,11 @@ func testExecutorClaimDatabaseClock[TTx any](t *testing.T, h Harness[TTx]) {
 func testExecutorClaimWaitsForHolder[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx, b := exSetup(t, h)
 	for _, commit := range []bool{false, true} {
-		p := claimArgs(newKey("wait"))
-		holder := b.begin(ctx, t)
-		_, err := b.d.Tx(holder).Claim(ctx, p)
-		require.NoError(t, err)
-		waiter := *p
-		waiter.Token = exTokens.Add(1)
+		holder, p, waiter := b.heldClaim(ctx, t, "wait")
 		var res *idem.ClaimResult
-		err = b.afterHolder(ctx, t, holder, commit, func() error {
+		err := b.afterHolder(ctx, t, holder, commit, func() error {
 			var err error
-			res, err = b.ex.Claim(ctx, &waiter)
+			res, err = b.ex.Claim(ctx, waiter)
 			return err
 		})
 		require.NoError(t, err, "commit=%v", commit)
@@ -307,10 +315,7 @@ func testExecutorClaimWaitsForHolder[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 
 	// A wait that runs out, on the pool and in a caller's transaction.
-	p := claimArgs(newKey("timeout"))
-	holder := b.begin(ctx, t)
-	_, err := b.d.Tx(holder).Claim(ctx, p)
-	require.NoError(t, err)
+	holder, p, _ := b.heldClaim(ctx, t, "timeout")
 	for _, inTx := range []bool{false, true} {
 		waiter := *p
 		waiter.Token = exTokens.Add(1)

@@ -124,22 +124,17 @@ func testExecutorCanceledContext[TTx any](t *testing.T, h Harness[TTx]) {
 // cancellation is the caller's and reported as context.Canceled.
 func testExecutorContextEndsWait[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx, b := exSetup(t, h)
-	p := claimArgs(newKey("held"))
-	holder := b.begin(ctx, t)
-	_, err := b.d.Tx(holder).Claim(ctx, p)
-	require.NoError(t, err)
-	waiter := *p
-	waiter.Token = exTokens.Add(1)
+	holder, p, waiter := b.heldClaim(ctx, t, "held")
 
 	deadline, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
-	_, err = b.ex.Claim(deadline, &waiter)
+	_, err := b.ex.Claim(deadline, waiter)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
 
 	canceled, cancel := context.WithCancel(ctx)
 	time.AfterFunc(200*time.Millisecond, cancel)
-	_, err = b.ex.Claim(canceled, &waiter)
+	_, err = b.ex.Claim(canceled, waiter)
 	require.ErrorIs(t, err, context.Canceled)
 	require.NotErrorIs(t, err, idem.ErrStoreUnavailable)
 
