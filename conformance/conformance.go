@@ -12,6 +12,12 @@
 //
 // The suite only uses the public API of package idem plus the hooks a
 // [Harness] provides, so it checks behaviour users rely on, not internals.
+// It has two layers: cases through [idem.Store], and executor cases
+// (files executor*.go, names "Executor…") that call the [idem.Executor]
+// of Dialect.DB and Dialect.Tx directly, one clause of its contract at a
+// time, so that a dialect that breaks a clause fails a case named for it.
+// [RunExecutor] runs only the executor cases, for a variant of a dialect
+// (an exec mode, a driver option).
 // Dialect differences are expressed as [Features], never as checks of the
 // dialect's name.
 package conformance
