@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ func decisionCases[TTx any]() []testCase[TTx] {
 		{name: "DecisionUnknownDelayGrowsWithAge", run: testDecisionUnknownDelayGrowsWithAge[TTx]},
 		{name: "DecisionReaperStaleLimitOne", run: testDecisionReaperStaleLimitOne[TTx]},
 		{name: "DecisionClaimDoesNotRetryFinalErrors", run: testDecisionClaimDoesNotRetryFinalErrors[TTx]},
+		{name: "DecisionDoFailedCompletionCommitsNothing", run: testDecisionDoFailedCompletionCommitsNothing[TTx]},
 	}
 }
 
@@ -135,3 +137,46 @@ func (e countingExecutor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem
 	e.claims.Add(1)
 	return e.Executor.Claim(ctx, p)
 }
+
+// testDecisionDoFailedCompletionCommitsNothing: when Do cannot store the
+// response (the completion statement fails), it must not commit the
+// callback's effect either: the effect without its record would run again
+// on the client's retry. The failure is injected by a Dialect whose
+// transaction executor refuses Complete; Do then takes its plain path
+// (Begin, Claim, callback, Complete, Commit) on every dialect.
+func testDecisionDoFailedCompletionCommitsNothing[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := setup(t, h, nil)
+	injected := errors.New("injected completion failure")
+	store, err := idem.New[TTx](&failingComplete[TTx]{Dialect: b.ns.Dialect, err: injected}, nil)
+	require.NoError(t, err)
+	key := newKey("failed-completion")
+	var calls counter
+	_, err = store.Do(ctx, "t1/orders", key, fp("x"), orderFn(b.ns, key, &calls))
+	require.ErrorIs(t, err, injected)
+	require.Equal(t, 1, calls.get())
+	require.Zero(t, b.orders(ctx, t, key), "the effect was committed without its record")
+	require.Zero(t, b.records(ctx, t))
+
+	// The retry, on a store that can complete, runs the effect once.
+	res, err := b.store.Do(ctx, "t1/orders", key, fp("x"), orderFn(b.ns, key, &calls))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, 1, b.orders(ctx, t, key))
+}
+
+// failingComplete is a Dialect whose transaction executors fail Complete.
+type failingComplete[TTx any] struct {
+	idem.Dialect[TTx]
+	err error
+}
+
+func (d *failingComplete[TTx]) Tx(tx TTx) idem.Executor {
+	return failingCompleteExecutor{Executor: d.Dialect.Tx(tx), err: d.err}
+}
+
+type failingCompleteExecutor struct {
+	idem.Executor
+	err error
+}
+
+func (e failingCompleteExecutor) Complete(context.Context, *idem.CompleteParams) error { return e.err }
