@@ -293,6 +293,9 @@ func runSuite(suite, overlay string, timeout time.Duration, runPattern string) (
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Env = append(os.Environ(), "IDEM_TEST_REQUIRE_DB=1")
+	// The test binary, a child of go, can outlive it and hold the output
+	// pipe open; do not wait for it past the deadline.
+	cmd.WaitDelay = 10 * time.Second
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	err := cmd.Run()
