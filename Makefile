@@ -98,10 +98,10 @@ LOADTEST_ARGS ?=
 
 .PHONY: loadtest
 loadtest: ## Run the load tool on every dialect and print its tables (see docs/performance.md)
-	$(GO) run ./cmd/idembench -dialect $(LOADTEST_DIALECT) -workers $(LOADTEST_WORKERS) \
+	cd cmd/idembench && GOWORK=off $(GO) run . -dialect $(LOADTEST_DIALECT) -workers $(LOADTEST_WORKERS) \
 		-duration $(LOADTEST_DURATION) -reps $(LOADTEST_REPS) $(LOADTEST_ARGS)
 
 .PHONY: loadtest/quick
 loadtest/quick: ## Run the load tool briefly (1 and 8 workers, 1s, one repetition, small tables)
-	$(GO) run ./cmd/idembench -dialect $(LOADTEST_DIALECT) -workers 1,8 -duration 1s -reps 1 \
+	cd cmd/idembench && GOWORK=off $(GO) run . -dialect $(LOADTEST_DIALECT) -workers 1,8 -duration 1s -reps 1 \
 		-prefill 20000 -reaper-rows 10000 $(LOADTEST_ARGS)

@@ -121,12 +121,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	m := machine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
 	if cfg.wants("redis") {
 		rc := newRedisClient(cfg.redisAddr, 1)
-		info, err := rc.do(ctx, "INFO", "server")
-		rc.Close()
+		info, err := rc.Info(ctx, "server").Result()
+		_ = rc.Close()
 		if err != nil {
 			return fmt.Errorf("redis at %s (needed by the redis scenario; leave it out with -scenarios): %w", cfg.redisAddr, err)
 		}
-		m.Redis = redisVersion(string(info))
+		m.Redis = redisVersion(info)
 	}
 	rep := &report{Command: "idembench " + strings.Join(args, " "), Machine: m, Started: time.Now().UTC(), Duration: cfg.duration.String(), Warmup: cfg.warmup.String()}
 	fmt.Fprintln(stdout, m)

@@ -105,7 +105,7 @@ func runLevel[TTx any](ctx context.Context, cfg *config, b *backend[TTx], res *d
 	}
 	if cfg.wants("redis") {
 		l.redis = newRedisClient(cfg.redisAddr, workers)
-		defer l.redis.Close()
+		defer func() { _ = l.redis.Close() }()
 	}
 	if cfg.wants("http") || cfg.wants("httpplain") {
 		l.httpSrv = newHTTPServer(l.p.store, b.insert)

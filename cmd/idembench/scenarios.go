@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/idemhttp"
 	"github.com/idemstore/idem/internal/workload"
@@ -129,7 +131,7 @@ type level[TTx any] struct {
 	ns      string       // main namespace
 	pfNS    string       // prefilled namespace, "" without prefill
 	hotTurn bool         // hotkeys runs at this worker count
-	redis   *redisClient // nil without the redis scenario
+	redis   *redis.Client // nil without the redis scenario
 	seeds   []seedKey
 	workers int
 	runID   string
@@ -395,7 +397,7 @@ func (l *level[TTx]) redisScenario() *scenario {
 	prefix := "idembench:" + l.runID + ":"
 	return &scenario{name: "redis", op: func(ctx context.Context, _ int) error {
 		scope, key := randomScope(), prefix+workload.NewKey()
-		ok, err := l.redis.SetNX(ctx, key, []byte("processing"), 30*time.Second)
+		ok, err := l.redis.SetNX(ctx, key, "processing", 30*time.Second).Result()
 		if err != nil {
 			return err
 		}
@@ -405,7 +407,7 @@ func (l *level[TTx]) redisScenario() *scenario {
 		if err := inTx(ctx, s, func(tx TTx) error { return insert(ctx, tx, scope) }); err != nil {
 			return err
 		}
-		return l.redis.Set(ctx, key, response.Body, 10*time.Minute)
+		return l.redis.Set(ctx, key, response.Body, 10*time.Minute).Err()
 	}}
 }
 

@@ -76,6 +76,13 @@ func TestSmoke(t *testing.T) {
 	require.Empty(t, left)
 }
 
+func testRedisAddr() string {
+	if addr := os.Getenv("IDEM_TEST_REDIS_ADDR"); addr != "" {
+		return addr
+	}
+	return "127.0.0.1:6379"
+}
+
 func redisUp(addr string) bool {
 	conn, err := (&net.Dialer{Timeout: 2 * time.Second}).DialContext(context.Background(), "tcp", addr)
 	if err != nil {
