@@ -46,8 +46,9 @@ tidy: ## Run go mod tidy and fail if it changed go.mod or go.sum
 
 # BenchmarkIdem on the three dialects, BENCH_COUNT times in turn (each run measures every
 # scenario of every dialect once, so repetitions interleave), the raw results appended to
-# BENCH_OUT (benchstat reads it), then the ratio tables (docs/performance.md). About 7.5 minutes
-# with the defaults. PostgreSQL and MariaDB are skipped when unreachable.
+# BENCH_OUT (benchstat reads it), then the ratio tables (docs/performance.md). The writing
+# scenarios run for both business shapes, small and order (IDEM_BENCH_SHAPES=small picks one).
+# About 13 minutes with the defaults. PostgreSQL and MariaDB are skipped when unreachable.
 BENCH_TIME ?= 2s
 BENCH_COUNT ?= 3
 BENCH_OUT ?= bench.out

@@ -127,10 +127,10 @@ var errNotAcquired = errors.New("fresh key not acquired")
 type level[TTx any] struct {
 	cfg     *config
 	b       *backend[TTx]
-	p       *pools[TTx]  // main namespace
-	ns      string       // main namespace
-	pfNS    string       // prefilled namespace, "" without prefill
-	hotTurn bool         // hotkeys runs at this worker count
+	p       *pools[TTx]   // main namespace
+	ns      string        // main namespace
+	pfNS    string        // prefilled namespace, "" without prefill
+	hotTurn bool          // hotkeys runs at this worker count
 	redis   *redis.Client // nil without the redis scenario
 	seeds   []seedKey
 	workers int
