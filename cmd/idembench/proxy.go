@@ -25,7 +25,7 @@ func (r rttSetting) String() string {
 	case r.rtt == 0:
 		return "proxy0"
 	default:
-		return fmtDur(r.rtt)
+		return r.rtt.String() // as given: 200µs, 1ms
 	}
 }
 
