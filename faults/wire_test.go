@@ -187,7 +187,7 @@ func wireRounds(t *testing.T, dialect string, fault wireFault) {
 		fired, missed, atCommit      int
 		ackedCommits, businessAcked  int
 		replayedAfterLostAck, reruns int
-		early201                     int
+		early201, midBatch           int
 		forwarded                    = map[int]int{}
 		via                          = map[string]int{}
 	)
@@ -223,6 +223,9 @@ func wireRounds(t *testing.T, dialect string, fault wireFault) {
 				}
 				fired++
 				forwarded[ev.Forwarded]++
+				if ev.MidBatch {
+					midBatch++
+				}
 				if ev.AtCommit {
 					atCommit++
 					via[ev.Via]++
@@ -308,10 +311,10 @@ func wireRounds(t *testing.T, dialect string, fault wireFault) {
 		notes = fmt.Sprintf("COMMIT sent as %s; %d acknowledged by the server, never by the service: %d carried the order or payment, %d of them ended replayed (%d second runs), %d a payment's claim (settled by the status check)",
 			strings.Join(vias, ", "), ackedCommits, businessAcked, replayedAfterLostAck, reruns, ackedCommits-businessAcked)
 	case wireReset:
-		notes = fmt.Sprintf("reset after n forwarded messages of the transaction (n:count) %s; %d at the COMMIT (not forwarded)", strings.Join(fw, " "), atCommit)
+		notes = fmt.Sprintf("reset after n forwarded messages of the transaction (n:count) %s; %d inside a batch, %d at the COMMIT (not forwarded)", strings.Join(fw, " "), midBatch, atCommit)
 	case wireStall:
-		notes = fmt.Sprintf("stalled %s (request timeout %s) after n forwarded messages (n:count) %s; %d at the COMMIT, %d of them after the server acknowledged it, %d of those ended replayed (%d second runs)",
-			wireStallFor, wireConfig().Timeout, strings.Join(fw, " "), atCommit, businessAcked, replayedAfterLostAck, reruns)
+		notes = fmt.Sprintf("stalled %s (request timeout %s) after n forwarded messages (n:count) %s; %d inside a batch, %d at the COMMIT, %d of them after the server acknowledged it, %d of those ended replayed (%d second runs)",
+			wireStallFor, wireConfig().Timeout, strings.Join(fw, " "), midBatch, atCommit, businessAcked, replayedAfterLostAck, reruns)
 	}
 	report(t, outcome{
 		Scenario:   "wire: " + map[wireFault]string{wireDropAck: "COMMIT ack lost", wireReset: "reset mid-transaction", wireStall: "half-open stall"}[fault],

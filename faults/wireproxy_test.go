@@ -111,6 +111,9 @@ type wireEvent struct {
 	Committed bool
 	// Business: the transaction ran an INSERT into orders or payments.
 	Business bool
+	// MidBatch: the fault cut a client write of several messages (a pgx
+	// batch) between two of them.
+	MidBatch bool
 	// Via is how the COMMIT was sent, for a fault at the COMMIT: "Query"
 	// (PostgreSQL simple query), "Execute" (extended protocol, in a batch)
 	// or "COM_QUERY".
@@ -484,11 +487,13 @@ func (c *wireConn) clientPump() {
 				return
 			}
 		case actReset:
+			ev.MidBatch = r.Buffered() > 0
 			_ = c.flush(w)
 			c.fire(c.rule, ev)
 			c.closeBoth(true)
 			return
 		case actStall:
+			ev.MidBatch = r.Buffered() > 0
 			_ = c.flush(w)
 			c.fire(c.rule, ev)
 			c.stallFor(c.rule.Stall)
