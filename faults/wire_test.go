@@ -22,7 +22,7 @@ import (
 	"github.com/idemstore/idem/internal/testdb"
 )
 
-// Scenario 6, faults on the wire: the in-process order service talks to its
+// Scenario 9 of docs/reliability.md, faults on the wire: the in-process order service talks to its
 // database (the shared PostgreSQL and MariaDB servers; SQLite has no wire)
 // through wireProxy, which breaks one connection at a chosen point of the
 // transaction of one request, chosen by its idempotency key:
