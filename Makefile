@@ -90,7 +90,7 @@ FAULTS_TIMEOUT ?= 90m
 .PHONY: faults
 faults: SHELL := bash
 faults: .SHELLFLAGS := -o pipefail -ec
-faults: ## Run the fault suite at full scale (see docs/reliability.md; about 20 minutes)
+faults: ## Run the fault suite at full scale (see docs/reliability.md; about 30 minutes)
 	IDEM_FAULTS_SCALE=full IDEM_TEST_REQUIRE_DB=1 $(GO) test -tags faults -count=1 -timeout $(FAULTS_TIMEOUT) -v ./faults/ | tee faults.out
 	@echo; echo "rows for docs/reliability.md:"; grep -o 'FAULTS|.*' faults.out | sed 's/^FAULTS//'
 
