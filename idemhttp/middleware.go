@@ -239,7 +239,7 @@ func (m *middleware[TTx]) failClaim(w http.ResponseWriter, rq *request, err erro
 	case errors.As(err, &inProgress):
 		m.fail(w, rq, "in_progress", &Error{Status: http.StatusConflict, Code: CodeInProgress,
 			Message:    "A request with this " + m.cfg.Header + " is being processed. Retry later with the same key.",
-			RetryAfter: max(inProgress.RetryAfter, time.Second)}) // the protocol promises Retry-After >= 1
+			RetryAfter: max(min(inProgress.RetryAfter, m.cfg.InProgressRetryAfter), time.Second)}) // capped; the protocol promises >= 1
 	case errors.Is(err, idem.ErrInvalidKey):
 		m.fail(w, rq, "key_invalid", &Error{Status: http.StatusBadRequest, Code: CodeKeyInvalid,
 			Message: "The " + m.cfg.Header + " header is not a valid key."})
