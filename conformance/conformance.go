@@ -55,6 +55,12 @@ type Namespace[TTx any] struct {
 	// "seed-0" ... "seed-<n-1>") whose retention deadline is expiresAt, in
 	// few statements, so reaper cases can start from a large table.
 	SeedExpired func(ctx context.Context, n int, expiresAt time.Time) error
+	// CorruptResponse overwrites, by hand with SQL on the namespace's pool,
+	// the response_status and response_headers columns of the committed
+	// record (scope, key), bypassing idem: a nil status or headers stores
+	// NULL. The suite uses it to play a record written by an older
+	// version, by hand, or damaged.
+	CorruptResponse func(ctx context.Context, scope, key string, status *int, headers []byte) error
 	// Close closes the namespace's connection pool. Afterwards every store
 	// operation on Dialect must fail with idem.ErrStoreUnavailable.
 	Close func()
@@ -89,6 +95,13 @@ type Features struct {
 // fixed order.
 func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Helper()
+	// Runs after every parallel case: the log scan must have seen lines,
+	// or it proved nothing.
+	t.Cleanup(func() {
+		if loggedLines.Load() == 0 {
+			t.Error("conformance: no case logged a line; the log scan saw nothing")
+		}
+	})
 	features := h.Features()
 	for _, c := range cases[TTx]() {
 		if c.applies != nil && !c.applies(features) {
@@ -127,5 +140,6 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, staleCases[TTx]()...)
 	all = append(all, tenantCases[TTx]()...)
 	all = append(all, errorCases[TTx]()...)
+	all = append(all, validateCases[TTx]()...)
 	return all
 }

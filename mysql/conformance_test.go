@@ -92,7 +92,12 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 		CountOrders:  ns.countOrders,
 		CountRecords: ns.countRecords,
 		SeedExpired:  ns.seedExpired,
-		Close:        func() { _ = ns.db.Close() },
+		CorruptResponse: func(ctx context.Context, scope, key string, status *int, headers []byte) error {
+			_, err := ns.db.ExecContext(ctx, `UPDATE idempotency_keys SET response_status = ?, response_headers = ?
+				WHERE scope = ? AND idempotency_key = ?`, status, headers, scope, key)
+			return err
+		},
+		Close: func() { _ = ns.db.Close() },
 		ChildEnv: []string{
 			childDSNEnv + "=" + h.server.dsn(ns.name, true),
 			childPathEnv + "=" + h.path,

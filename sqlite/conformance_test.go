@@ -70,6 +70,11 @@ func (harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*s
 			_, err := db.ExecContext(ctx, seedExpired, n, done, done, done, done, exp)
 			return err
 		},
+		CorruptResponse: func(ctx context.Context, scope, key string, status *int, headers []byte) error {
+			_, err := db.ExecContext(ctx, `UPDATE idempotency_keys SET response_status = ?, response_headers = ?
+				WHERE scope = ? AND idempotency_key = ?`, status, headers, scope, key)
+			return err
+		},
 		Close:    closeDB,
 		ChildEnv: []string{childPathEnv + "=" + path},
 	}
