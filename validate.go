@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"unicode/utf8"
 )
 
 // Storable status codes. A stored response is the final answer to a
@@ -29,7 +30,7 @@ const (
 
 // ErrInvalidResponse means a [Response] cannot be stored: its status code
 // is outside 200–599, a header name is not an RFC 9110 token, a header value
-// holds a control character, or it is larger than the store's limits.
+// holds a control character or invalid UTF-8, or it is larger than the store's limits.
 // Nothing was written. It is returned as an *[InvalidResponseError].
 var ErrInvalidResponse = errors.New("idem: invalid response")
 
@@ -90,7 +91,7 @@ func (e *CorruptRecordError) Unwrap() error { return e.Cause }
 // Validate checks what every store requires of a response, whatever its
 // limits: a status code in 200–599 and headers valid per RFC 9110 (names
 // are tokens; values hold no control character but horizontal tab, so no
-// CR, LF or NUL). It returns an *[InvalidResponseError], or nil. A nil
+// CR, LF or NUL, and are valid UTF-8). It returns an *[InvalidResponseError], or nil. A nil
 // response is invalid.
 func (r *Response) Validate() error {
 	if r == nil {
@@ -107,7 +108,7 @@ func (r *Response) Validate() error {
 		for _, v := range values {
 			if !validHeaderValue(v) {
 				// The name is a token, safe to show; the value is not.
-				return &InvalidResponseError{Field: "Header", Reason: "a value of " + name + " holds a control character"}
+				return &InvalidResponseError{Field: "Header", Reason: "a value of " + name + " holds a control character or invalid UTF-8"}
 			}
 		}
 	}
@@ -237,11 +238,17 @@ func isTchar(c byte) bool {
 }
 
 // validHeaderValue reports whether v is a valid field value (RFC 9110
-// section 5.5): visible characters, spaces, horizontal tabs and obs-text
-// (bytes 0x80-0xFF). CR, LF and NUL are "invalid and dangerous"; the other
+// section 5.5): visible characters, spaces, horizontal tabs and obs-text. CR, LF and NUL are "invalid and dangerous"; the other
 // controls are invalid too, and HTTP/2 servers drop such fields, so a
 // stored one could not be replayed as stored.
+//
+// Bytes 0x80-0xFF are allowed only as valid UTF-8: headers are stored as
+// JSON, which would replace anything else by U+FFFD, and a replay must give
+// back what was stored.
 func validHeaderValue(v string) bool {
+	if !utf8.ValidString(v) {
+		return false
+	}
 	for i := 0; i < len(v); i++ {
 		if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
 			return false

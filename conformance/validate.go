@@ -24,6 +24,7 @@ func validateCases[TTx any]() []testCase[TTx] {
 		{name: "InvalidVerdictIsUnknown", run: testInvalidVerdictIsUnknown[TTx]},
 		{name: "CorruptRecordAnswered", run: testCorruptRecordAnswered[TTx]},
 		{name: "StatusCheckErrorTextNotLogged", run: testStatusCheckErrorTextNotLogged[TTx]},
+		{name: "RandomResponsesRoundTrip", run: testRandomResponsesRoundTrip[TTx]},
 	}
 }
 
@@ -54,7 +55,7 @@ func badResponses() []badResponse {
 	for _, name := range []string{"", "Bad Name", "X:Y", "X\r\nInjected", "Ünicode", "X\x00"} {
 		out = append(out, badResponse{"header name", ok(func(r *idem.Response) { r.Header[name] = []string{"v"} }), "Header"})
 	}
-	for _, value := range []string{"a\r\nSet-Cookie: x=1", "a\nb", "a\rb", "a\x00b", "a\x01b", "a\x7fb"} {
+	for _, value := range []string{"a\r\nSet-Cookie: x=1", "a\nb", "a\rb", "a\x00b", "a\x01b", "a\x7fb", "caf\xe9"} {
 		out = append(out, badResponse{"header value", ok(func(r *idem.Response) { r.Header["X-Bad"] = []string{"fine", value} }), "Header"})
 	}
 	out = append(out,
