@@ -153,7 +153,11 @@ func checkRecord(rec *Record, kd string) error {
 		return &CorruptRecordError{KeyDigest: kd, Reason: "completed without a response"}
 	}
 	if err := rec.Response.Validate(); err != nil {
-		return &CorruptRecordError{KeyDigest: kd, Reason: "its response is invalid (" + err.(*InvalidResponseError).Field + ")", Cause: err}
+		field := "Response"
+		if invalid, ok := errors.AsType[*InvalidResponseError](err); ok {
+			field = invalid.Field
+		}
+		return &CorruptRecordError{KeyDigest: kd, Reason: "its response is invalid (" + field + ")", Cause: err}
 	}
 	return nil
 }
