@@ -65,7 +65,9 @@ type Verdict struct {
 	// Response is stored and replayed when Kind is VerdictCommitted, and
 	// required then. Rebuild it from the business row (201 with the
 	// order), or point at the resource (303 or 409 with Location) when no
-	// body can be rebuilt.
+	// body can be rebuilt. A response that fails [Response.Validate] or the
+	// Config's size limits (a forgotten StatusCode) is not stored: the
+	// verdict counts as unknown and is logged.
 	Response *Response
 	// Failed stores Response as a final failure instead of a success.
 	Failed bool

@@ -507,7 +507,9 @@ func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, sc
 // same fingerprint replays it. Use it after [Store.Claim].
 //
 // It returns [ErrFenced] and changes nothing when c does not own the key any
-// more (completed already, released, taken over) or never did (a replay).
+// more (completed already, released, taken over) or never did (a replay),
+// and [ErrInvalidResponse], before any statement, when resp fails
+// [Response.Validate] or the Config's size limits.
 func (s *Store[TTx]) Complete(ctx context.Context, c *Claim, resp *Response) error {
 	return s.complete(ctx, s.dialect.DB(), c, StatusSucceeded, resp)
 }
@@ -624,6 +626,8 @@ func (s *Store[TTx]) release(ctx context.Context, exec Executor, c *Claim) error
 // Get returns the live record for key in scope, reading on the pool without
 // taking locks. It returns [ErrNotFound] when there is none or it is past its
 // retention deadline; an uncommitted claim of another transaction is not seen.
+// A completed record that cannot be answered from is [ErrCorruptRecord], as
+// on every path that replays one.
 func (s *Store[TTx]) Get(ctx context.Context, scope, key string) (*Record, error) {
 	return s.get(ctx, s.dialect.DB(), scope, key)
 }
@@ -663,6 +667,8 @@ func (s *Store[TTx]) get(ctx context.Context, exec Executor, scope, key string) 
 // stored, the key is free again, and the error (or panic) reaches the caller,
 // except for an error made by [FinalFailure], whose response is stored as a
 // final failure and committed.
+// A response (or FinalFailure response) that cannot be stored rolls the
+// transaction back with [ErrInvalidResponse]; it is not retried.
 // An error from fn that matches [ErrRetryable] is retried like idem's own.
 // Other errors are those of [Store.Claim].
 //
