@@ -112,6 +112,16 @@ type Config struct {
 	// CodeStoreUnavailable. Defaults to 2s.
 	UnavailableRetryAfter time.Duration
 
+	// InProgressRetryAfter caps the Retry-After of a 409 with
+	// CodeInProgress. The header is the holder's time left (its lease, or
+	// the store's WaitTimeout for an uncommitted claim) when that is
+	// shorter, and never under 1s. Without the cap a leased holder's
+	// duplicates would be told to wait the whole lease (30s by default,
+	// renewed while the handler runs) even when the original finishes in
+	// a second; a retry of a request still in progress costs one claim
+	// attempt, which answers at once. Defaults to 1s.
+	InProgressRetryAfter time.Duration
+
 	// Logger receives one record per protected request: its outcome, the
 	// status, the request ID, short digests of the key and the scope, a
 	// fingerprint prefix and the latency. It never receives a raw key,
@@ -163,6 +173,7 @@ const (
 	defaultMaxResponseBytes      = 1 << 20
 	defaultTimeout               = 30 * time.Second
 	defaultUnavailableRetryAfter = 2 * time.Second
+	defaultInProgressRetryAfter  = time.Second
 )
 
 // defaultReplayHeaders are always stored and replayed when the handler sets
@@ -230,6 +241,9 @@ func (c *Config) settings() (*settings, error) {
 	if s.UnavailableRetryAfter == 0 {
 		s.UnavailableRetryAfter = defaultUnavailableRetryAfter
 	}
+	if s.InProgressRetryAfter == 0 {
+		s.InProgressRetryAfter = defaultInProgressRetryAfter
+	}
 	if s.Logger == nil {
 		s.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -251,6 +265,8 @@ func (c *Config) settings() (*settings, error) {
 		return nil, fmt.Errorf("Timeout %s is negative", s.Timeout) //nolint:staticcheck // ST1005: starts with the field name Timeout, like the messages around it
 	case s.UnavailableRetryAfter < 0:
 		return nil, fmt.Errorf("UnavailableRetryAfter %s is negative", s.UnavailableRetryAfter)
+	case s.InProgressRetryAfter < 0:
+		return nil, fmt.Errorf("InProgressRetryAfter %s is negative", s.InProgressRetryAfter)
 	}
 	s.methods = map[string]bool{}
 	for _, m := range s.Methods {

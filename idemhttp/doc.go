@@ -136,11 +136,12 @@
 //
 //  1. [idem.Store.Acquire] commits the claim with a lease of the store's
 //     LeaseDuration before the handler runs. Replays, mismatches, the
-//     in-progress 409 (Retry-After is the lease's time left) and the 503 are
-//     answered as in the transactional mode; a record whose lease ran out
-//     (a crashed holder) is resolved first by the store's StatusCheck, whose
-//     recovered response is replayed, or which hands the key over and runs
-//     the handler as attempt 2.
+//     in-progress 409 (Retry-After is the lease's time left, capped at
+//     Config.InProgressRetryAfter) and the 503 are answered as in the
+//     transactional mode; a record whose lease ran out (a crashed holder)
+//     is resolved first by the store's StatusCheck, whose recovered
+//     response is replayed, or which hands the key over and runs the
+//     handler as attempt 2.
 //  2. The handler runs with the lease in its context ([Lease]: its fencing
 //     token and attempt, to pass on to the outside system) while
 //     [idem.Lease.KeepAlive] renews it. The handler's context is detached

@@ -28,6 +28,7 @@ func leasedCases[TTx any]() []testCase[TTx] {
 	return []testCase[TTx]{
 		{"LeasedHappyPath", testLeasedHappyPath[TTx]},
 		{"LeasedInProgress", testLeasedInProgress[TTx]},
+		{"LeasedRetryAfter", testLeasedRetryAfter[TTx]},
 		{"LeasedCrashedHolder", testLeasedCrashedHolder[TTx]},
 		{"LeasedFailures", testLeasedFailures[TTx]},
 		{"LeasedLostAtCompletion", testLeasedLostAtCompletion[TTx]},
@@ -253,6 +254,55 @@ func testLeasedInProgress[TTx any](t *testing.T, h harness[TTx]) {
 	require.Equal(t, 1, p.count(key))
 	require.Equal(t, int64(1), b.calls.Load())
 	require.Equal(t, 1, b.orders(t))
+}
+
+// testLeasedRetryAfter (issue 14): a duplicate of a leased request in
+// progress is not told to wait the whole lease, which KeepAlive keeps near
+// LeaseDuration however soon the original finishes: Retry-After is the
+// lease's time left capped at InProgressRetryAfter (1s by default).
+func testLeasedRetryAfter[TTx any](t *testing.T, h harness[TTx]) {
+	p := newProvider()
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	b := setup(t, h, options[TTx]{
+		cfg:     leasedConfig(),
+		idemCfg: &idem.Config{LeaseDuration: 30 * time.Second},
+		handler: pay[TTx](p, func(b *bundle[TTx], _ http.ResponseWriter, _ *http.Request) bool {
+			if b.calls.Load() == 1 {
+				entered <- struct{}{}
+				<-release // the slow provider
+			}
+			return true
+		}),
+	})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock()
+	key := newKey()
+	original := b.postAsync(t, key, orderBody)
+	<-entered
+
+	retryAfter := func(r *reply) int {
+		t.Helper()
+		require.Equal(t, http.StatusConflict, r.status, "%s", r.body)
+		require.Equal(t, idemhttp.CodeInProgress, r.code(t))
+		secs, err := strconv.Atoi(r.header.Get("Retry-After"))
+		require.NoError(t, err)
+		return secs
+	}
+	require.Equal(t, 1, retryAfter(b.post(t, key, orderBody)), "the default cap, not the 30s lease")
+	hinted := b.with(idemhttp.Config{Mode: idemhttp.Leased, InProgressRetryAfter: 10 * time.Second}, nil)
+	require.Equal(t, 10, retryAfter(b.direct(t, hinted, key, orderBody)), "InProgressRetryAfter")
+	long := b.with(idemhttp.Config{Mode: idemhttp.Leased, InProgressRetryAfter: time.Hour}, nil)
+	secs := retryAfter(b.direct(t, long, key, orderBody))
+	require.True(t, secs > 20 && secs <= 30, "the lease's time left when shorter than the cap: %d", secs)
+
+	unblock()
+	first := original()
+	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
+	again := b.post(t, key, orderBody)
+	require.True(t, again.replayed())
+	require.Equal(t, 1, p.count(key))
+	require.Equal(t, int64(1), b.calls.Load())
 }
 
 // testLeasedCrashedHolder: a holder that crashed (its lease ran out without
@@ -587,7 +637,7 @@ func testLeasedStoreFailures[TTx any](t *testing.T, h harness[TTx]) {
 	require.Equal(t, idemhttp.CodeInProgress, r.code(t))
 	secs, err := strconv.Atoi(r.header.Get("Retry-After"))
 	require.NoError(t, err)
-	require.Greater(t, secs, 20, "the lease's time left")
+	require.Equal(t, 1, secs, "the lease's time left (over 20s), capped at InProgressRetryAfter")
 	require.Equal(t, 1, p.count(key))
 }
 

@@ -244,7 +244,7 @@ func (m *middleware[TTx]) failClaim(w http.ResponseWriter, rq *request, err erro
 	case errors.As(err, &inProgress):
 		m.fail(w, rq, "in_progress", &Error{Status: http.StatusConflict, Code: CodeInProgress,
 			Message:    "A request with this " + m.cfg.Header + " is being processed. Retry later with the same key.",
-			RetryAfter: max(inProgress.RetryAfter, time.Second)}) // the protocol promises Retry-After >= 1
+			RetryAfter: max(min(inProgress.RetryAfter, m.cfg.InProgressRetryAfter), time.Second)}) // capped; the protocol promises >= 1
 	case errors.Is(err, idem.ErrCorruptRecord):
 		m.failRecordInvalid(w, rq)
 	case errors.Is(err, idem.ErrInvalidResponse):

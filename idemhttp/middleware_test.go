@@ -779,6 +779,7 @@ func testMismatchConflict[TTx any](t *testing.T, h harness[TTx]) {
 func testInProgressLease[TTx any](t *testing.T, h harness[TTx]) {
 	var scope atomic.Value
 	b := setup(t, h, options[TTx]{
+		cfg:     &idemhttp.Config{InProgressRetryAfter: time.Minute}, // above the lease: the time left shows
 		idemCfg: &idem.Config{LeaseDuration: 30 * time.Second},
 		handler: func(b *bundle[TTx], w http.ResponseWriter, r *http.Request, tx TTx, ok bool) {
 			s, _ := idemhttp.Scope(r.Context())
@@ -804,6 +805,9 @@ func testInProgressLease[TTx any](t *testing.T, h harness[TTx]) {
 	secs, err := strconv.Atoi(r.header.Get("Retry-After"))
 	require.NoError(t, err)
 	require.True(t, secs >= 20 && secs <= 30, "Retry-After %d is the lease's time left", secs)
+	r = b.direct(t, b.with(idemhttp.Config{}, nil), k2, orderBody)
+	require.Equal(t, http.StatusConflict, r.status)
+	require.Equal(t, "1", r.header.Get("Retry-After"), "capped at the default InProgressRetryAfter")
 
 	r = b.post(t, k2, `{"amount":1}`)
 	require.Equal(t, http.StatusConflict, r.status)
@@ -1126,6 +1130,7 @@ func TestNewPanicsOnInvalidConfig(t *testing.T) {
 		{MaxBodyBytes: -1},
 		{MaxResponseBytes: -1},
 		{Timeout: -time.Second},
+		{InProgressRetryAfter: -time.Second},
 		{Mode: idemhttp.Leased + 1},
 	} {
 		require.Panics(t, func() { idemhttp.New(store, &cfg) })
