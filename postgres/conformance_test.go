@@ -139,7 +139,7 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 				c := int32(*status) //nolint:gosec // test values are small
 				code = &c
 			}
-			_, err := pool.Exec(ctx, `UPDATE idempotency_keys SET response_status = $1, response_headers = $2
+			_, err := pool.Exec(ctx, `UPDATE `+q("idempotency_keys")+` SET response_status = $1, response_headers = $2
 				WHERE scope = $3::text AND idempotency_key = $4::text`, code, headers, scope, key)
 			return err
 		},
