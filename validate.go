@@ -182,10 +182,10 @@ func (s *Store[TTx]) checkRead(ctx context.Context, rec *Record, err error, kd s
 	return err
 }
 
-// callbackError is what a log line says of an error returned by a user's
-// callback (a status check, a Do callback): its Go type, which tells the
-// class without the text, which may carry keys or business data. With
-// Config.LogCallbackErrors the text is logged too.
+// callbackErrorAttrs is what a log record says of an error returned by the
+// application's callback (a status check): its class, without the text,
+// which may carry keys or business data. With Config.LogCallbackErrors the
+// text is logged too.
 func (s *Store[TTx]) callbackErrorAttrs(err error) []slog.Attr {
 	attrs := []slog.Attr{slog.String("error_class", errorClass(err))}
 	if s.cfg.LogCallbackErrors {
