@@ -694,7 +694,7 @@ func scanRecord(ctx context.Context, row pgx.Row, extra ...any) (*idem.Record, e
 		return nil, interpretError(ctx, err)
 	}
 	if len(fingerprint) != len(rec.Fingerprint) {
-		return nil, fmt.Errorf("idem: postgres: stored fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))
+		return nil, &idem.CorruptRecordError{Reason: fmt.Sprintf("its fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))}
 	}
 	copy(rec.Fingerprint[:], fingerprint)
 	rec.Status = idem.Status(status)
@@ -709,7 +709,8 @@ func scanRecord(ctx context.Context, row pgx.Row, extra ...any) (*idem.Record, e
 	if rec.Status.Final() {
 		h, err := codec.DecodeHeader(header)
 		if err != nil {
-			return nil, err
+			// The decoder's message may quote stored bytes: kept as the cause only.
+			return nil, &idem.CorruptRecordError{Reason: "its response headers do not decode", Cause: err}
 		}
 		if body == nil {
 			body = []byte{}

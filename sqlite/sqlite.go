@@ -715,7 +715,7 @@ func scanRecord(row rowScanner) (*idem.Record, error) {
 		return nil, interpretError(err)
 	}
 	if len(fingerprint) != len(rec.Fingerprint) {
-		return nil, fmt.Errorf("idem: sqlite: stored fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))
+		return nil, &idem.CorruptRecordError{Reason: fmt.Sprintf("its fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))}
 	}
 	copy(rec.Fingerprint[:], fingerprint)
 	rec.Status = idem.Status(status) //nolint:gosec // the schema's CHECK (status IN (1, 2, 3)) keeps it in range
@@ -729,7 +729,8 @@ func scanRecord(row rowScanner) (*idem.Record, error) {
 	if rec.Status.Final() {
 		h, err := codec.DecodeHeader(headers)
 		if err != nil {
-			return nil, err
+			// The decoder's message may quote stored bytes: kept as the cause only.
+			return nil, &idem.CorruptRecordError{Reason: "its response headers do not decode", Cause: err}
 		}
 		if body == nil {
 			body = []byte{} // the driver reads an empty BLOB as nil
