@@ -127,5 +127,6 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, staleCases[TTx]()...)
 	all = append(all, tenantCases[TTx]()...)
 	all = append(all, errorCases[TTx]()...)
+	all = append(all, opsCases[TTx]()...)
 	return all
 }
