@@ -46,7 +46,7 @@ type FindParams struct {
 	Scope, Key string
 	// Digest, when ByDigest is set, is the key digest of the records
 	// wanted: the first 8 bytes of SHA-256(scope NUL key), found through
-	// the index of migration 00002.
+	// the index of migrations 00002 and 00003.
 	Digest   [8]byte
 	ByDigest bool
 	// Now pins the clock; nil means the database's clock.

@@ -12,7 +12,7 @@ import (
 const Size = 8
 
 // Sum returns the first Size bytes of SHA-256(scope NUL key): the digest
-// the databases store (migration 00002) and [Key] prints.
+// the databases store (migrations 00002 and 00003) and [Key] prints.
 func Sum(scope, key string) [Size]byte {
 	h := sha256.New()
 	h.Write([]byte(scope))
