@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -29,17 +30,23 @@ import (
 // testBundle is a migrated schema and a dialect over it.
 type testBundle struct {
 	pool    *pgxpool.Pool
+	schema  string
 	dialect *idempg.Dialect
 }
 
-// setup migrates a fresh schema for mode.
+// setup migrates a fresh schema for mode, which the dialect names
+// explicitly (idempg.WithSchema): the pool sets no search_path.
 func setup(t *testing.T, mode pgx.QueryExecMode) (context.Context, *testBundle) {
 	t.Helper()
 	ctx := t.Context()
-	pool := openSchema(ctx, t, mode)
-	require.NoError(t, idempg.Migrate(ctx, pool))
-	return ctx, &testBundle{pool: pool, dialect: idempg.New(pool)}
+	schema := createSchema(ctx, t)
+	pool := testPool(ctx, t, mode, 10)
+	require.NoError(t, idempg.Migrate(ctx, pool, idempg.WithSchema(schema)))
+	return ctx, &testBundle{pool: pool, schema: schema, dialect: idempg.New(pool, idempg.WithSchema(schema))}
 }
+
+// q names the bundle's idempotency_keys table in sql.
+func (b *testBundle) q(sql string) string { return qualify(b.schema, sql) }
 
 // forEachMode runs fn as a parallel subtest per exec mode.
 func forEachMode(t *testing.T, fn func(t *testing.T, mode pgx.QueryExecMode)) {
@@ -62,9 +69,12 @@ func (b *testBundle) begin(ctx context.Context, t *testing.T, opts pgx.TxOptions
 }
 
 // waitBlocked waits until some backend waits on a lock held by holder.
+// The server is asked for holder's backend: through a pooler, the process
+// ID of the client connection is the pooler's.
 func (b *testBundle) waitBlocked(ctx context.Context, t *testing.T, holder pgx.Tx) {
 	t.Helper()
-	pid := holder.Conn().PgConn().PID()
+	var pid int
+	require.NoError(t, holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
 	require.Eventually(t, func() bool {
 		var n int
 		err := b.pool.QueryRow(ctx,
@@ -102,25 +112,27 @@ func TestMigrate(t *testing.T) {
 	t.Parallel()
 	forEachMode(t, func(t *testing.T, mode pgx.QueryExecMode) {
 		ctx := t.Context()
-		pool := openSchema(ctx, t, mode)
+		schema := createSchema(ctx, t)
+		pool := testPool(ctx, t, mode, 10)
+		in := idempg.WithSchema(schema)
 
-		require.NoError(t, idempg.Migrate(ctx, pool))
-		require.NoError(t, idempg.Migrate(ctx, pool), "a second run must be a no-op")
+		require.NoError(t, idempg.Migrate(ctx, pool, in))
+		require.NoError(t, idempg.Migrate(ctx, pool, in), "a second run must be a no-op")
 		var applied int
 		require.NoError(t, pool.QueryRow(ctx,
-			`SELECT count(*) FROM `+migrations.VersionTable+` WHERE version_id > 0`).Scan(&applied))
+			`SELECT count(*) FROM `+qualifier(schema)(migrations.VersionTable)+` WHERE version_id > 0`).Scan(&applied))
 		require.Equal(t, 1, applied, "each version is applied once")
 
 		tables := func() int {
 			var n int
 			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables
-				WHERE table_schema = current_schema() AND table_name = 'idempotency_keys'`).Scan(&n))
+				WHERE table_schema = $1::text AND table_name = 'idempotency_keys'`, schema).Scan(&n))
 			return n
 		}
 		indexes := func() int {
 			var n int
 			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes
-				WHERE schemaname = current_schema() AND tablename = 'idempotency_keys'`).Scan(&n))
+				WHERE schemaname = $1::text AND tablename = 'idempotency_keys'`, schema).Scan(&n))
 			return n
 		}
 		require.Equal(t, 1, tables())
@@ -128,14 +140,19 @@ func TestMigrate(t *testing.T) {
 
 		db := stdlib.OpenDBFromPool(pool)
 		t.Cleanup(func() { _ = db.Close() })
-		p, err := migrations.NewProvider(migrations.Postgres, db)
+		fsys, err := migrations.FS(migrations.Postgres)
+		require.NoError(t, err)
+		fsys, err = idempg.InSchema(fsys, schema)
+		require.NoError(t, err)
+		p, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
+			goose.WithTableName(schema+"."+migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
 		require.NoError(t, err)
 		_, err = p.DownTo(ctx, 0)
 		require.NoError(t, err)
 		require.Zero(t, tables())
 		require.Zero(t, indexes())
 
-		require.NoError(t, idempg.Migrate(ctx, pool), "migrating up again after a full down")
+		require.NoError(t, idempg.Migrate(ctx, pool, in), "migrating up again after a full down")
 		require.Equal(t, 1, tables())
 	})
 }
@@ -143,11 +160,12 @@ func TestMigrate(t *testing.T) {
 func TestMigrateConcurrent(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	pool := openSchema(ctx, t, pgx.QueryExecModeCacheStatement)
+	schema := createSchema(ctx, t)
+	pool := testPool(ctx, t, defaultMode, 10)
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
 	for i := range errs {
-		wg.Go(func() { errs[i] = idempg.Migrate(ctx, pool) })
+		wg.Go(func() { errs[i] = idempg.Migrate(ctx, pool, idempg.WithSchema(schema)) })
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -226,7 +244,7 @@ func TestCompleteEmptyResponse(t *testing.T) {
 		require.NotNil(t, rec.Response.Body)
 		require.Empty(t, rec.Response.Body)
 		var isNull bool
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT response_body IS NULL FROM idempotency_keys`).Scan(&isNull))
+		require.NoError(t, b.pool.QueryRow(ctx, b.q(`SELECT response_body IS NULL FROM idempotency_keys`)).Scan(&isNull))
 		require.False(t, isNull, "an empty body is stored as empty, not NULL")
 	})
 }
@@ -371,10 +389,8 @@ func TestClaimRestoresLockTimeout(t *testing.T) {
 
 		t.Run("OnPool", func(t *testing.T) {
 			t.Parallel()
-			var schema string
-			require.NoError(t, b.pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
-			one := schemaPool(ctx, t, schema, mode, 1) // every statement on the same session
-			exec := idempg.New(one).DB()
+			one := testPool(ctx, t, mode, 1) // every statement on the same session
+			exec := idempg.New(one, idempg.WithSchema(b.schema)).DB()
 			lockTimeout := func() string {
 				var got string
 				require.NoError(t, one.QueryRow(ctx, `SHOW lock_timeout`).Scan(&got))
@@ -445,7 +461,7 @@ func TestRepeatableReadWaiterIsRetryable(t *testing.T) {
 
 func TestDeadlockIsRetryable(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, pgx.QueryExecModeCacheStatement)
+	ctx, b := setup(t, defaultMode)
 	a, c := claimParams("key-a"), claimParams("key-b")
 	txA := b.begin(ctx, t, pgx.TxOptions{})
 	txB := b.begin(ctx, t, pgx.TxOptions{})
@@ -478,7 +494,7 @@ func TestDeadlockIsRetryable(t *testing.T) {
 
 func TestErrorClassification(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, pgx.QueryExecModeCacheStatement)
+	ctx, b := setup(t, defaultMode)
 
 	holder := b.begin(ctx, t, pgx.TxOptions{})
 	p := claimParams(newKey())
@@ -544,7 +560,7 @@ func TestErrorClassification(t *testing.T) {
 
 func TestClosedPool(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, pgx.QueryExecModeCacheStatement)
+	ctx, b := setup(t, defaultMode)
 	b.pool.Close()
 
 	p := claimParams(newKey())
@@ -577,7 +593,7 @@ func (b *testBundle) seed(ctx context.Context, t *testing.T, key string, claimed
 // keys returns the keys of every stored record, sorted.
 func (b *testBundle) keys(ctx context.Context, t *testing.T) []string {
 	t.Helper()
-	rows, err := b.pool.Query(ctx, `SELECT idempotency_key FROM idempotency_keys ORDER BY idempotency_key`)
+	rows, err := b.pool.Query(ctx, b.q(`SELECT idempotency_key FROM idempotency_keys ORDER BY idempotency_key`))
 	require.NoError(t, err)
 	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
@@ -743,7 +759,7 @@ func TestListStaleLeases(t *testing.T) {
 		// The read takes no row locks, so a locked record neither blocks it
 		// nor is skipped.
 		holder := b.begin(ctx, t, pgx.TxOptions{})
-		_, err := holder.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE idempotency_key = 'stale-2' FOR UPDATE`)
+		_, err := holder.Exec(ctx, b.q(`SELECT 1 FROM idempotency_keys WHERE idempotency_key = 'stale-2' FOR UPDATE`))
 		require.NoError(t, err)
 		keys, _ = list(10, &now)
 		require.Equal(t, []string{"stale-1", "stale-2", "stale-3"}, keys)
@@ -905,30 +921,30 @@ func indexConds(t *testing.T, plan []byte) map[string]string {
 
 func TestLeaseQueryPlans(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, pgx.QueryExecModeCacheStatement)
+	ctx, b := setup(t, defaultMode)
 	// A table shaped like production: mostly completed records within
 	// retention, a few stale leases, a few records past retention. Large
 	// enough that finding a reaper batch of 1000 by primary key beats
 	// reading the table; on a small table a hash join over a sequential
 	// scan is cheaper and the planner rightly takes it.
-	_, err := b.pool.Exec(ctx, `INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint,
+	_, err := b.pool.Exec(ctx, b.q(`INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint,
 		status, token, attempt, lease_expires_at, created_at, updated_at, expires_at)
 		SELECT 's', 'k' || g, decode(repeat('00', 32), 'hex'),
 			CASE WHEN g % 1000 = 0 THEN 1 ELSE 2 END, g, 1,
 			$1::timestamptz - interval '1 minute', $1::timestamptz, $1::timestamptz,
 			$1::timestamptz + CASE WHEN g % 500 = 1 THEN -1 ELSE 1 END * (g % 60 + 1) * interval '1 minute'
-		FROM generate_series(1, 100000) g`, leaseClock)
+		FROM generate_series(1, 100000) g`), leaseClock)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `ANALYZE idempotency_keys`)
+	_, err = b.pool.Exec(ctx, b.q(`ANALYZE idempotency_keys`))
 	require.NoError(t, err)
 
 	check := func(t *testing.T, explain func(sql string) []byte) {
 		t.Helper()
-		conds := indexConds(t, explain(idempg.ListStaleLeasesSQL))
+		conds := indexConds(t, explain(b.q(idempg.ListStaleLeasesSQL)))
 		require.Contains(t, conds, "idempotency_keys_stale_lease_idx")
 		require.Contains(t, conds["idempotency_keys_stale_lease_idx"], "lease_expires_at")
 
-		conds = indexConds(t, explain(idempg.DeleteExpiredSQL))
+		conds = indexConds(t, explain(b.q(idempg.DeleteExpiredSQL)))
 		require.Contains(t, conds, "idempotency_keys_expires_at_idx")
 		require.Contains(t, conds["idempotency_keys_expires_at_idx"], "expires_at")
 		require.Contains(t, conds, "idempotency_keys_pkey", "the delete finds the batch by primary key")
@@ -946,13 +962,14 @@ func TestLeaseQueryPlans(t *testing.T) {
 
 	t.Run("GenericPlan", func(t *testing.T) {
 		t.Parallel()
-		// The plan the statement cache may settle on after five runs. The
-		// connection leaves the pool, with its session settings, for good.
-		pooled, err := b.pool.Acquire(ctx)
+		// The plan the statement cache may settle on after five runs. All
+		// in one transaction, which keeps its server connection through a
+		// pooler: SET LOCAL ends with it, the prepared statement is
+		// deallocated in it.
+		conn, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
-		conn := pooled.Hijack()
-		defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-		_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
+		defer func() { _ = conn.Rollback(context.WithoutCancel(ctx)) }()
+		_, err = conn.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`)
 		require.NoError(t, err)
 		check(t, func(sql string) []byte {
 			_, err := conn.Exec(ctx, `PREPARE lease_plan(timestamptz, bigint) AS `+sql)
@@ -1142,7 +1159,7 @@ func TestTakeoverCondition(t *testing.T) {
 			require.NoError(t, err)
 			closed.Close()
 			for _, cond := range []idem.TakeoverCondition{0, 99} {
-				for _, exec := range []idem.Executor{exec, idempg.New(closed).DB()} {
+				for _, exec := range []idem.Executor{exec, idempg.New(closed, idempg.WithSchema(b.schema)).DB()} {
 					err := exec.Takeover(ctx, takeoverOf(p, p.Token, cond, at(2*time.Hour)))
 					require.Error(t, err)
 					require.NotErrorIs(t, err, idem.ErrFenced)
@@ -1220,7 +1237,7 @@ func TestRenewLeaseConditions(t *testing.T) {
 			_, err = b.dialect.Tx(tx).DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: 1000, Now: at(79 * time.Minute)})
 			require.NoError(t, err)
 			var n int
-			require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE idempotency_key = $1`, p.Key).Scan(&n))
+			require.NoError(t, tx.QueryRow(ctx, b.q(`SELECT count(*) FROM idempotency_keys WHERE idempotency_key = $1`), p.Key).Scan(&n))
 			require.Equal(t, 1, n)
 			require.NoError(t, b.dialect.Rollback(ctx, tx))
 		})
@@ -1303,8 +1320,6 @@ func TestBoundedWaits(t *testing.T) {
 	}
 	forEachMode(t, func(t *testing.T, mode pgx.QueryExecMode) {
 		ctx, b := setup(t, mode)
-		var schema string
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
 
 		// held claims a record and has an open transaction lock its row.
 		held := func(t *testing.T) *idem.ClaimParams {
@@ -1313,7 +1328,7 @@ func TestBoundedWaits(t *testing.T) {
 			_, err := b.dialect.DB().Claim(ctx, p)
 			require.NoError(t, err)
 			holder := b.begin(ctx, t, pgx.TxOptions{})
-			_, err = holder.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE idempotency_key = $1 FOR UPDATE`, p.Key)
+			_, err = holder.Exec(ctx, b.q(`SELECT 1 FROM idempotency_keys WHERE idempotency_key = $1 FOR UPDATE`), p.Key)
 			require.NoError(t, err)
 			return p
 		}
@@ -1324,11 +1339,11 @@ func TestBoundedWaits(t *testing.T) {
 
 				t.Run("TimeoutOnPool", func(t *testing.T) {
 					t.Parallel()
-					one := schemaPool(ctx, t, schema, mode, 1) // every statement on the same session
+					one := testPool(ctx, t, mode, 1) // every statement on the same session
 					p := held(t)
 					const wait = 200 * time.Millisecond
 					start := time.Now()
-					err := op.run(ctx, idempg.New(one).DB(), p, wait)
+					err := op.run(ctx, idempg.New(one, idempg.WithSchema(b.schema)).DB(), p, wait)
 					elapsed := time.Since(start)
 					var ip *idem.InProgressError
 					require.ErrorAs(t, err, &ip)
@@ -1411,21 +1426,25 @@ func TestNilTx(t *testing.T) {
 // TestCancelRequestWatcher: with a context watcher that cancels through the
 // server (query_canceled, 57014) rather than by closing the connection, the
 // end of the caller's context is still reported as such.
+//
+// Not through a transaction pooler: PgBouncer 1.18 crashes on the cancel
+// request (postgres/doc.go, "Exec modes and PgBouncer").
 func TestCancelRequestWatcher(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, pgx.QueryExecModeCacheStatement)
-	var schema string
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
+	if testdb.PostgresPooler() {
+		t.Skip("through a transaction pooler: PgBouncer 1.18 crashes on a cancel request (bad client state)")
+	}
+	ctx, b := setup(t, defaultMode)
 	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL(t))
 	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.ConnConfig.DefaultQueryExecMode = defaultMode
 	cfg.ConnConfig.BuildContextWatcherHandler = func(conn *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: conn, DeadlineDelay: 10 * time.Second}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	exec := idempg.New(pool).DB()
+	exec := idempg.New(pool, idempg.WithSchema(b.schema)).DB()
 
 	holder := b.begin(ctx, t, pgx.TxOptions{})
 	p := claimParams(newKey())
@@ -1462,7 +1481,7 @@ func TestCancelRequestWatcher(t *testing.T) {
 		t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
 		_, err = tx.Exec(ctx, `SET LOCAL statement_timeout = '100ms'`)
 		require.NoError(t, err)
-		_, err = idempg.New(pool).Tx(tx).Claim(ctx, &waiter)
+		_, err = idempg.New(pool, idempg.WithSchema(b.schema)).Tx(tx).Claim(ctx, &waiter)
 		require.ErrorIs(t, err, idem.ErrStoreUnavailable)
 		require.NotErrorIs(t, err, context.Canceled)
 		requirePgCode(t, err, "57014")
@@ -1525,7 +1544,7 @@ func TestCanceledWaitLeavesNothing(t *testing.T) {
 				require.NoError(t, err)
 				before := b.record(ctx, t, p)
 				holder := b.begin(ctx, t, pgx.TxOptions{})
-				_, err = holder.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE idempotency_key = $1 FOR UPDATE`, p.Key)
+				_, err = holder.Exec(ctx, b.q(`SELECT 1 FROM idempotency_keys WHERE idempotency_key = $1 FOR UPDATE`), p.Key)
 				require.NoError(t, err)
 				canceledWhileHeld(t, holder, func(ctx context.Context) error {
 					if name == "Takeover" {
@@ -1550,6 +1569,9 @@ func TestCanceledWaitLeavesNothing(t *testing.T) {
 // one's response without running its callback.
 func TestDoUnderStricterDefaultIsolation(t *testing.T) {
 	t.Parallel()
+	if testdb.PostgresPooler() {
+		t.Skip("through a transaction pooler: PgBouncer refuses the default_transaction_isolation startup parameter")
+	}
 	forEachMode(t, func(t *testing.T, mode pgx.QueryExecMode) {
 		ctx, b := setup(t, mode)
 		for _, iso := range []string{"repeatable read", "serializable"} {
@@ -1559,7 +1581,7 @@ func TestDoUnderStricterDefaultIsolation(t *testing.T) {
 				pool, err := pgxpool.NewWithConfig(ctx, cfg)
 				require.NoError(t, err)
 				t.Cleanup(pool.Close)
-				store, err := idem.New(idempg.New(pool), &idem.Config{WaitTimeout: 5 * time.Second, MaxTxRetries: 5})
+				store, err := idem.New(idempg.New(pool, idempg.WithSchema(b.schema)), &idem.Config{WaitTimeout: 5 * time.Second, MaxTxRetries: 5})
 				require.NoError(t, err)
 				fp := idem.NewFingerprint([]byte("x"))
 				var calls atomic.Int32
@@ -1605,3 +1627,7 @@ func TestDoUnderStricterDefaultIsolation(t *testing.T) {
 		}
 	})
 }
+
+// orders names the bundle's orders table, which tests that write a
+// business row create.
+func (b *testBundle) orders() string { return qualifier(b.schema)("orders") }
