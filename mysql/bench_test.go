@@ -94,7 +94,7 @@ func BenchmarkIdem(b *testing.B) {
 		},
 		InsertOrder: insertOrder,
 		Snapshot: func(ctx context.Context) error {
-			_, err := admin.ExecContext(ctx, `CREATE TABLE bench_seed AS SELECT ` + benchSeedColumns + ` FROM idempotency_keys`)
+			_, err := admin.ExecContext(ctx, `CREATE TABLE bench_seed AS SELECT `+benchSeedColumns+` FROM idempotency_keys`)
 			return err
 		},
 		Reset: func(ctx context.Context) error {
