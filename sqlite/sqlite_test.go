@@ -81,7 +81,7 @@ func TestMigrate(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return names
 	}
-	schema := []string{"idempotency_keys", "idempotency_keys_expires_at_idx", "idempotency_keys_stale_lease_idx"}
+	schema := []string{"idempotency_keys", "idempotency_keys_expires_at_idx", "idempotency_keys_stale_lease_idx", "idempotency_keys_digest_idx"}
 
 	require.NoError(t, idemsqlite.Migrate(ctx, db))
 	require.ElementsMatch(t, schema, objects())
