@@ -385,11 +385,13 @@ type statsOut struct {
 func TestEveryDialect(t *testing.T) {
 	t.Parallel()
 	bin := buildIdem(t)
-	for _, mk := range []func(*testing.T) dialectCase{sqliteCase, mysqlCase, postgresCase} {
-		t.Run("", func(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		mk   func(*testing.T) dialectCase
+	}{{"sqlite", sqliteCase}, {"mysql", mysqlCase}, {"postgres", postgresCase}} {
+		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			dc := mk(t)
-			t.Logf("dialect %s", dc.name)
+			dc := c.mk(t)
 			with := func(args ...string) []string {
 				return append(append(args, "--db", dc.dsn), dc.args...)
 			}
