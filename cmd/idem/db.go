@@ -45,7 +45,7 @@ type target struct {
 	close    func()
 }
 
-// errUsage marks bad input: exit code 2.
+// usageError marks bad input: exit code 2.
 type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
