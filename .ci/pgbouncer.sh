@@ -17,8 +17,8 @@
 # (IDEM_TEST_POSTGRES_EXEC_MODES): the simple protocol and exec. Not describe_exec: it describes
 # and executes the unnamed statement in two round trips, between which the pooler may move the
 # client to another server connection (seen here: "bind message supplies 9 parameters, but
-# prepared statement "" requires 0"); see postgres/doc.go. And with IDEM_TEST_POSTGRES_POOLER=transaction, which skips
-# the three tests that need what the pooler refuses; any other skipped test fails the run.
+# prepared statement "" requires 0"); see postgres/doc.go. And with IDEM_TEST_POSTGRES_POOLER=transaction; the three tests that
+# need what the pooler refuses are left out with -skip (NOT_THROUGH_POOLER); any skip fails the run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -27,8 +27,10 @@ UPSTREAM_HOST=127.0.0.1
 UPSTREAM_PORT=5432
 WAIT_SECONDS=30
 MODES=simple_protocol,exec
-# The tests that skip themselves through a transaction pooler, and why (see their comments).
-ALLOWED_SKIPS='TestCancelRequestWatcher|TestDoUnderStricterDefaultIsolation|TestReadOnlyServer'
+# The tests that need what a transaction pooler refuses (see their comments): left out with
+# go test -skip, so that they are not run here rather than counted as skipped; the direct run of
+# .ci/run covers them. Any skip in this run fails it.
+NOT_THROUGH_POOLER='TestCancelRequestWatcher|TestDoUnderStricterDefaultIsolation|TestReadOnlyServer'
 
 start=$SECONDS
 fail() {
@@ -143,7 +145,7 @@ if [ "$mode" = run ]; then
 	exit
 fi
 
-cmd=(go test -race -count=1 -timeout 15m ./postgres/... -v)
+cmd=(go test -race -count=1 -timeout 15m -skip "^($NOT_THROUGH_POOLER)\$" ./postgres/... -v)
 echo "${cmd[*]}"
 log="$dir/test.log"
 if ! "${cmd[@]}" >"$log" 2>&1; then
@@ -155,10 +157,8 @@ fi
 grep -E '^(ok|FAIL|\?)\s' "$log"
 kill -0 "$pid" 2>/dev/null || fail "pgbouncer (pid $pid) died during the tests"
 skips=$(grep -E -- '--- SKIP' "$log" || true)
-bad_skips=$(grep -vE -- "--- SKIP: ($ALLOWED_SKIPS) " <<<"$skips" | grep . || true)
-[ -z "$bad_skips" ] || fail "tests were skipped through pgbouncer:
-$bad_skips"
-[ -z "$skips" ] || echo "skipped as documented: $(grep -oE -- "($ALLOWED_SKIPS)" <<<"$skips" | sort -u | tr '\n' ' ')"
+[ -z "$skips" ] || fail "tests were skipped through pgbouncer:
+$skips"
 passes=$(grep -cE -- '--- PASS' "$log" || true)
 [ "$passes" -gt 0 ] || fail "no test ran"
 for m in SimpleProtocol Exec; do

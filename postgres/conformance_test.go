@@ -12,11 +12,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/conformance"
 	"github.com/idemstore/idem/internal/testdb"
+	"github.com/idemstore/idem/migrations"
 	idempg "github.com/idemstore/idem/postgres"
 )
 
@@ -131,6 +134,26 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 		},
 		SeedExpired: func(ctx context.Context, n int, expiresAt time.Time) error {
 			_, err := pool.Exec(ctx, qualify(schema, seedExpired), n, expiresAt)
+			return err
+		},
+		Migrate: func(ctx context.Context) error { return idempg.Migrate(ctx, pool, idempg.WithSchema(schema)) },
+		Unmigrate: func(ctx context.Context) error {
+			db := stdlib.OpenDBFromPool(pool)
+			defer func() { _ = db.Close() }()
+			// Down in the namespace's schema, as Migrate with WithSchema went up.
+			fsys, err := migrations.FS(migrations.Postgres)
+			if err != nil {
+				return err
+			}
+			if fsys, err = idempg.InSchema(fsys, schema); err != nil {
+				return err
+			}
+			p, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
+				goose.WithTableName(schema+"."+migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
+			if err != nil {
+				return err
+			}
+			_, err = p.DownTo(ctx, 0)
 			return err
 		},
 		Close: pool.Close,
