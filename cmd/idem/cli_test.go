@@ -262,6 +262,9 @@ type dialectCase struct {
 	name string
 	dsn  string
 	args []string // extra flags (--schema)
+	// misconfigured is a DSN of the same database that Check must refuse,
+	// and what its message must name; empty if none.
+	misconfigured, problem string
 	// open returns a store over the table with cfg, and a function that
 	// counts the table's rows by status with plain SQL.
 	open func(t *testing.T, cfg *idem.Config) (opsStore, func() map[idem.Status]int64)
@@ -331,7 +334,8 @@ func mysqlCase(t *testing.T) dialectCase {
 	cfg.DBName = name
 	cfg.ParseTime = true
 	dsn := cfg.FormatDSN()
-	return dialectCase{name: "mysql", dsn: "mysql://" + dsn, open: func(t *testing.T, c *idem.Config) (opsStore, func() map[idem.Status]int64) {
+	cfg.ParseTime = false
+	return dialectCase{name: "mysql", dsn: "mysql://" + dsn, misconfigured: "mysql://" + cfg.FormatDSN(), problem: "add parseTime=true to the DSN", open: func(t *testing.T, c *idem.Config) (opsStore, func() map[idem.Status]int64) {
 		db, err := sql.Open("mysql", dsn)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
@@ -404,6 +408,11 @@ func TestEveryDialect(t *testing.T) {
 			r := idemRun(t, bin, with("check", "--json")...)
 			requireCode(t, 0, r, "check")
 			require.JSONEq(t, `{"dialect":"`+dc.name+`","ready":true}`, r.stdout)
+			if dc.misconfigured != "" {
+				r = idemRun(t, bin, append([]string{"check", "--db", dc.misconfigured}, dc.args...)...)
+				requireCode(t, 4, r, "check with a misconfigured DSN")
+				require.Contains(t, r.stderr, dc.problem)
+			}
 
 			ctx := t.Context()
 			store, counts := dc.open(t, &idem.Config{LeaseDuration: time.Hour})
