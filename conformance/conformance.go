@@ -170,6 +170,7 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, errorCases[TTx]()...)
 	all = append(all, executorCases[TTx]()...)
 	all = append(all, validateCases[TTx]()...)
+	all = append(all, opsCases[TTx]()...)
 	return all
 }
 

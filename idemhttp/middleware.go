@@ -453,6 +453,14 @@ func routeOf(r *http.Request) string {
 	return r.URL.EscapedPath()
 }
 
+// ScopeFor returns the scope the middleware claims a request's key in: the
+// tenant (Config.Tenant's answer, "" without one), the request's method and
+// its route (the ServeMux pattern without its method, such as
+// "/orders/{id}", or else the escaped path), as in "acme POST /orders".
+// Operators and tests use it to find a request's record with
+// idem.Store.Lookup (or `idem inspect --tenant --method --route --key`).
+func ScopeFor(tenant, method, route string) string { return scopeOf(tenant, method, route) }
+
 // scopeOf names the operation a key belongs to: the tenant (path-escaped,
 // so it holds no space), the method and the route, as in
 // "acme POST /orders". A scope that idem would refuse (longer than

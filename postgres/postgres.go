@@ -25,6 +25,8 @@ type Dialect struct {
 	// call's path.
 	exec *executor
 	st   *statements
+	// ops are the operators' statements (ops.go).
+	ops *opsStatements
 	// err is an invalid option's error, which every call returns.
 	err error
 }
@@ -42,7 +44,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Dialect {
 	if o.err == nil && o.schema != "" {
 		st = newStatements(o.table())
 	}
-	return &Dialect{pool: pool, exec: &executor{db: pool, st: st}, st: st, err: o.err}
+	return &Dialect{pool: pool, exec: &executor{db: pool, st: st}, st: st, ops: newOpsStatements(o.schema), err: o.err}
 }
 
 // Name returns "postgres".

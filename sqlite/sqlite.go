@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/codec"
+	"github.com/idemstore/idem/internal/digest"
 	"github.com/idemstore/idem/internal/failexec"
 )
 
@@ -333,7 +334,7 @@ func claim(ctx context.Context, e *executor, p *idem.ClaimParams) (*idem.ClaimRe
 	lease, expires := fromMicros(micros(now.Add(p.LeaseDuration))), fromMicros(micros(now.Add(p.Retention)))
 	res, err := e.txExec(ctx, stmtClaimInsert, claimInsert,
 		p.Scope, p.Key, p.Fingerprint[:], p.Token,
-		micros(lease), micros(now), micros(now), micros(expires),
+		micros(lease), micros(now), micros(now), micros(expires), keyDigest(p.Scope, p.Key),
 	)
 	if err != nil {
 		return nil, interpretError(err)
@@ -449,7 +450,7 @@ func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
 		res, err := e.txExec(ctx, stmtCompleteInsert, completeInsert,
 			p.Scope, p.Key, p.Fingerprint[:], int64(p.Status), p.Token, micros(p.LeaseExpiresAt),
 			p.Response.StatusCode, headers, body,
-			micros(p.CreatedAt), nowArg, nowArg, micros(now.Add(p.Retention)),
+			micros(p.CreatedAt), nowArg, nowArg, micros(now.Add(p.Retention)), keyDigest(p.Scope, p.Key),
 		)
 		return affectedOne(res, err)
 	}
@@ -754,3 +755,9 @@ func clock(pinned *time.Time) time.Time {
 func micros(t time.Time) int64 { return t.UnixMicro() }
 
 func fromMicros(us int64) time.Time { return time.UnixMicro(us).UTC() }
+
+// keyDigest is the key_digest column's value (see claimInsert).
+func keyDigest(scope, key string) []byte {
+	d := digest.Sum(scope, key)
+	return d[:]
+}

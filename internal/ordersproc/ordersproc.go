@@ -62,6 +62,7 @@ type Server struct {
 	Addr string
 
 	cmd    *exec.Cmd
+	stderr *lockedBuffer
 	exited chan struct{}
 	err    error // the process's exit, once exited is closed
 }
@@ -97,7 +98,7 @@ func Start(t testing.TB, bin, db, addr string, args ...string) *Server {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start orders: %v", err)
 	}
-	s := &Server{cmd: cmd, exited: make(chan struct{})}
+	s := &Server{cmd: cmd, stderr: stderr, exited: make(chan struct{})}
 	ready := make(chan string, 1)
 	go func() {
 		lines := bufio.NewScanner(stdout)
@@ -128,6 +129,10 @@ func Start(t testing.TB, bin, db, addr string, args ...string) *Server {
 	}
 	return s
 }
+
+// Stderr returns what the process wrote to its standard error so far: its
+// log lines.
+func (s *Server) Stderr() string { return s.stderr.String() }
 
 // Kill sends SIGKILL to the process and waits for it to be gone.
 func (s *Server) Kill(t testing.TB) {
