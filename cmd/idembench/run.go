@@ -108,7 +108,11 @@ func runLevel[TTx any](ctx context.Context, cfg *config, b *backend[TTx], res *d
 		defer l.redis.Close()
 	}
 	if cfg.wants("http") || cfg.wants("httpplain") {
-		l.httpSrv = newHTTPServer(l.p.store, b.insert)
+		srv, err := newHTTPServer(l.p.store, b.insert)
+		if err != nil {
+			return err
+		}
+		l.httpSrv = srv
 		defer l.httpSrv.Close()
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = workers, workers

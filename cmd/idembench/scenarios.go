@@ -445,7 +445,7 @@ var orderRequest = []byte(`{"amount":{"value":"1999","currency":"EUR"},"items":[
 
 // newHTTPServer serves POST /idem/orders through idemhttp and POST
 // /plain/orders without it, both running the same business transaction.
-func newHTTPServer[TTx any](s *idem.Store[TTx], insert func(context.Context, TTx, string) error) *httptest.Server {
+func newHTTPServer[TTx any](s *idem.Store[TTx], insert func(context.Context, TTx, string) error) (*httptest.Server, error) {
 	write := func(w http.ResponseWriter) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", "/orders/ord_7GQ2V9X4KD8M3N5P")
@@ -453,9 +453,12 @@ func newHTTPServer[TTx any](s *idem.Store[TTx], insert func(context.Context, TTx
 		_, _ = w.Write(response.Body)
 	}
 	mux := http.NewServeMux()
-	mw := idemhttp.New(s, nil)
-	mux.Handle("POST /idem/orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := idemhttp.Tx[TTx](r.Context())
+	mw, err := idemhttp.New(s, nil)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("POST /idem/orders", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, ok := mw.Tx(r.Context())
 		if !ok {
 			http.Error(w, "no transaction", http.StatusInternalServerError)
 			return
@@ -475,7 +478,7 @@ func newHTTPServer[TTx any](s *idem.Store[TTx], insert func(context.Context, TTx
 		}
 		write(w)
 	})
-	return httptest.NewServer(mux)
+	return httptest.NewServer(mux), nil
 }
 
 // fill copies the template record into keys from..to of 100 scopes named

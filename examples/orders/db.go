@@ -182,8 +182,12 @@ func newDatabase[TTx any](dialect, describe string, d idem.Dialect[TTx], orders 
 				return nil, err
 			}
 			a := &api[TTx]{orders: orders, delay: o.handlerDelay, provider: prov}
+			handler, err := a.routes(store, logger)
+			if err != nil {
+				return nil, err
+			}
 			return &service{
-				handler:       a.routes(store, logger),
+				handler:       handler,
 				reap:          func(ctx context.Context) { _ = reaper.Run(ctx) },
 				providerCalls: prov.callCount,
 			}, nil
