@@ -75,6 +75,10 @@ goose-cli: ## Check the goose CLI migrates the shipped files up and down on all 
 modules: ## Check every contrib/ module (gofmt, vet, tidy, tests) and the go.work workspace
 	bash .ci/modules.sh
 
+.PHONY: pgbouncer
+pgbouncer: ## Run the postgres tests through PgBouncer, transaction pooling (installs and starts it; see docs/scaling.md)
+	bash .ci/pgbouncer.sh
+
 .PHONY: ci
 ci: ## Run what CI runs: start the servers, gofmt, vet, tests, goose CLI check, contrib modules
 	bash .ci/run
@@ -86,7 +90,7 @@ FAULTS_TIMEOUT ?= 90m
 .PHONY: faults
 faults: SHELL := bash
 faults: .SHELLFLAGS := -o pipefail -ec
-faults: ## Run the fault suite at full scale (see docs/reliability.md; about 20 minutes)
+faults: ## Run the fault suite at full scale (see docs/reliability.md; about 30 minutes)
 	IDEM_FAULTS_SCALE=full IDEM_TEST_REQUIRE_DB=1 $(GO) test -tags faults -count=1 -timeout $(FAULTS_TIMEOUT) -v ./faults/ | tee faults.out
 	@echo; echo "rows for docs/reliability.md:"; grep -o 'FAULTS|.*' faults.out | sed 's/^FAULTS//'
 
@@ -124,3 +128,15 @@ failover: .SHELLFLAGS := -o pipefail -ec
 failover: ## Run the PostgreSQL failover scenario at full scale, FAILOVER_RUNS times (about a minute each)
 	FAILOVER_RUNS=$(FAILOVER_RUNS) IDEM_FAILOVER_SCALE=full bash .ci/pgfailover.sh | tee failover.out
 	@echo; echo "rows for docs/reliability.md:"; grep -o 'FAULTS|.*' failover.out | sed 's/^FAULTS//'
+# A 3-node MariaDB Galera cluster on 127.0.0.1:13306-13308 (.ci/galera.sh: Debian galera-4 and the
+# installed mariadbd, temp datadirs, stopped afterwards) and the mysql dialect's Galera tests
+# (build tag galera; docs/scaling.md "Galera"). make galera is the bounded run CI does;
+# make galera/full the scale docs/reliability.md quotes.
+.PHONY: galera
+galera: ## Start a 3-node Galera cluster and run the Galera tests (bounded, as in CI; about 2 minutes)
+	bash .ci/galera.sh
+
+.PHONY: galera/full
+galera/full: ## Run the Galera tests at full scale on a 3-node cluster (see docs/reliability.md)
+	bash .ci/galera.sh env IDEM_TEST_GALERA_SCALE=full IDEM_TEST_REQUIRE_DB=1 \
+		$(GO) test -tags galera -count=1 -timeout 30m -run '^TestGalera' -v ./mysql/

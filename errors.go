@@ -53,6 +53,14 @@ var (
 	// (PostgreSQL 55P03, MySQL 1205), or SQLite's SQLITE_BUSY_SNAPSHOT. Roll
 	// back and run the whole transaction again; [Store.Do] does so by itself.
 	ErrRetryable = errors.New("idem: transaction conflict, retry the transaction")
+
+	// ErrMisconfigured means the store cannot work as it is set up, and
+	// retrying will not help until the configuration changes: for example
+	// pgx's statement cache behind a transaction pooler such as PgBouncer
+	// (prepared statements lost between server connections), or an invalid
+	// dialect option. The message says what to change. [Store.Do] does not
+	// retry it; the request must be refused.
+	ErrMisconfigured = errors.New("idem: store misconfigured")
 )
 
 // InProgressError reports a key that another holder owns: an uncommitted

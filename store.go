@@ -328,7 +328,10 @@ func (s *Store[TTx]) replayFast(ctx context.Context, scope, key string, fp Finge
 //
 // After an acquired ClaimTx, run the business writes on tx, then
 // [Store.CompleteTx] on tx, then commit: the stored response and the business
-// rows commit together, or neither does.
+// rows commit together, or neither does. Pass the errors of your own
+// statements and of the commit through [Store.Classify] to learn whether
+// running the whole transaction again may succeed ([ErrRetryable]; on
+// MariaDB Galera a certification failure can end any statement or COMMIT).
 //
 // After any error, roll tx back unless the error is an *[InProgressError]
 // with TxAborted false or [ErrFingerprint]; on PostgreSQL every database
@@ -622,7 +625,11 @@ func (s *Store[TTx]) get(ctx context.Context, exec Executor, scope, key string) 
 // stored, the key is free again, and the error (or panic) reaches the caller,
 // except for an error made by [FinalFailure], whose response is stored as a
 // final failure and committed.
-// An error from fn that matches [ErrRetryable] is retried like idem's own.
+// An error from fn that matches [ErrRetryable] is retried like idem's own;
+// so is a driver error of fn's own statements that the dialect's
+// [ErrorClassifier] classifies as retryable (package mysql: a deadlock, or a
+// certification failure on Galera), and fn's errors reach the caller so
+// classified (see [Store.Classify]).
 // Other errors are those of [Store.Claim].
 //
 // On a dialect that implements [TxPipeliner] (postgres), BEGIN is sent with
@@ -740,7 +747,10 @@ func (s *Store[TTx]) runAndComplete(ctx context.Context, tx TTx, c *Claim, fn fu
 		resp, err, status = final.Response, nil, StatusFailed
 	}
 	if err != nil {
-		return nil, err
+		// fn's own statements can meet a conflict (on Galera, a
+		// certification failure at any statement): Do retries it only
+		// if it matches ErrRetryable.
+		return nil, s.Classify(err)
 	}
 	if resp == nil {
 		return nil, errors.New("idem: Do callback returned a nil response and no error")

@@ -12,16 +12,24 @@
 //
 // The suite only uses the public API of package idem plus the hooks a
 // [Harness] provides, so it checks behaviour users rely on, not internals.
+// It has two layers: cases through [idem.Store], and executor cases
+// (files executor*.go, names "Executor…") that call the [idem.Executor]
+// of Dialect.DB and Dialect.Tx directly, one clause of its contract at a
+// time, so that a dialect that breaks a clause fails a case named for it.
+// [RunExecutor] runs only the executor cases, for a variant of a dialect
+// (an exec mode, a driver option).
 // Dialect differences are expressed as [Features], never as checks of the
 // dialect's name.
 package conformance
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
 	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/migrations"
 )
 
 // Harness gives the suite fresh, isolated databases for one dialect.
@@ -55,6 +63,13 @@ type Namespace[TTx any] struct {
 	// "seed-0" ... "seed-<n-1>") whose retention deadline is expiresAt, in
 	// few statements, so reaper cases can start from a large table.
 	SeedExpired func(ctx context.Context, n int, expiresAt time.Time) error
+	// Migrate runs the dialect's Migrate on the namespace's pool (Open has
+	// run it once already).
+	Migrate func(ctx context.Context) error
+	// Unmigrate runs every down migration of the dialect on the namespace
+	// (goose down to version 0), so the migrate case can check that the
+	// schema comes back.
+	Unmigrate func(ctx context.Context) error
 	// Close closes the namespace's connection pool. Afterwards every store
 	// operation on Dialect must fail with idem.ErrStoreUnavailable.
 	Close func()
@@ -89,8 +104,21 @@ type Features struct {
 // fixed order.
 func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Helper()
+	run(t, h, cases[TTx]())
+}
+
+// RunExecutor runs only the executor cases, which call the Executor
+// directly, clause by clause: for a variant of a dialect (a driver option,
+// an exec mode) whose Store-level behaviour Run already covers.
+func RunExecutor[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Helper()
+	run(t, h, executorCases[TTx]())
+}
+
+func run[TTx any](t *testing.T, h Harness[TTx], cases []testCase[TTx]) {
+	t.Helper()
 	features := h.Features()
-	for _, c := range cases[TTx]() {
+	for _, c := range cases {
 		if c.applies != nil && !c.applies(features) {
 			continue // not applicable: registered as no subtest, so never counted as a pass or a skip
 		}
@@ -127,5 +155,18 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, staleCases[TTx]()...)
 	all = append(all, tenantCases[TTx]()...)
 	all = append(all, errorCases[TTx]()...)
+	all = append(all, executorCases[TTx]()...)
 	return all
+}
+
+// MigrateDown runs every down migration of the migrations package's
+// dialect on db (goose down to version 0): a [Namespace.Unmigrate] for
+// dialects whose pool is, or can be wrapped as, a *sql.DB.
+func MigrateDown(ctx context.Context, dialect string, db *sql.DB) error {
+	p, err := migrations.NewProvider(dialect, db)
+	if err != nil {
+		return err
+	}
+	_, err = p.DownTo(ctx, 0)
+	return err
 }

@@ -2,7 +2,13 @@
 // (examples/orders) and the store through real processes and real database
 // servers while processes are killed, servers go away, instances race and
 // clients send garbage, and that count what came out: duplicates, lost
-// acknowledged orders, answers by error code.
+// acknowledged orders, answers by error code. On PostgreSQL and MariaDB a
+// fault-injecting proxy that reads the wire protocol sits between the
+// service and the server (wireproxy_test.go) and loses a COMMIT's
+// acknowledgement, resets a connection mid-transaction, leaves one half-open
+// or delays every connection past the wait timeout (wire_test.go). Every log
+// line the services write is scanned for the raw keys, tenants, scopes and
+// bodies the suite sent them (logscan_test.go).
 //
 // The tests carry the build tag "faults", so `go test ./...` does not run
 // them. Run them with

@@ -105,7 +105,12 @@ func inprocStart[TTx any](t *testing.T, dialect string, d idem.Dialect[TTx], rep
 		cfg.Timeout = 10 * time.Second
 	}
 	prov := &inprocProvider{charges: map[string]inprocCharge{}}
+	// Every record, debug included, goes through the log scan; the sink
+	// checks after the server and the reaper stopped (cleanups run last
+	// first).
+	logger := logSinkLogger(t, "in-process service on "+dialect)
 	store, err := idem.New(d, &idem.Config{
+		Logger:        logger,
 		Retention:     cfg.Retention,
 		LeaseDuration: cfg.Lease,
 		WaitTimeout:   cfg.WaitTimeout,
@@ -134,6 +139,7 @@ func inprocStart[TTx any](t *testing.T, dialect string, d idem.Dialect[TTx], rep
 			return "", &idemhttp.Error{Status: http.StatusBadRequest, Code: "tenant_missing", Message: "X-Tenant-ID is required."}
 		},
 		Timeout: cfg.Timeout,
+		Logger:  logger,
 	}
 	leased := mw
 	leased.Mode = idemhttp.Leased
@@ -338,6 +344,7 @@ func (a inprocAnswer) Label() string {
 // nothing here logs them.
 func (s *inprocService) post(ctx context.Context, k inprocKey, amount int64) inprocAnswer {
 	body, _ := json.Marshal(inprocBody{Amount: amount})
+	logSecrets.addRequest(k.Tenant, k.Key, http.MethodPost, k.Route, string(body))
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+k.Route, bytes.NewReader(body))
 	if err != nil {
 		return inprocAnswer{Err: err}

@@ -275,11 +275,13 @@ type procInstance struct {
 // procLog collects a process's stderr (the service logs key digests only),
 // to show when a test fails.
 type procLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	scan *logSink // every line, not only the first MiB
 }
 
 func (l *procLog) Write(b []byte) (int, error) {
+	_, _ = l.scan.Write(b)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.buf.Len() > 1<<20 { // keep the first MiB: enough to diagnose
@@ -316,7 +318,9 @@ func procTryStart(t *testing.T, bin string, args ...string) (*procInstance, erro
 	if err != nil {
 		return nil, fmt.Errorf("stdout pipe: %w", err)
 	}
-	p := &procInstance{cmd: cmd, done: make(chan struct{}), logs: &procLog{}}
+	// The scan's check is registered before the kill below, so it runs
+	// after it, once the last line was read.
+	p := &procInstance{cmd: cmd, done: make(chan struct{}), logs: &procLog{scan: newLogSink(t, "orders process")}}
 	cmd.Stderr = p.logs
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start orders: %w", err)
@@ -393,6 +397,7 @@ var procClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true
 // outcome rows count them: "201", "201 replayed", "409
 // idempotency_request_in_progress", procTimeout, ...
 func procSend(ctx context.Context, base, path, tenant, key, body, crash string, timeout time.Duration) procAnswer {
+	logSecrets.addRequest(tenant, key, http.MethodPost, path, body)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, strings.NewReader(body))

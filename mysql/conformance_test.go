@@ -18,6 +18,7 @@ import (
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/conformance"
 	"github.com/idemstore/idem/internal/testdb"
+	"github.com/idemstore/idem/migrations"
 	idemmysql "github.com/idemstore/idem/mysql"
 )
 
@@ -32,6 +33,22 @@ func TestConformance(t *testing.T) {
 func TestConformanceSessionVariable(t *testing.T) {
 	t.Parallel()
 	conformance.Run(t, newHarness(t, "SessionVariable"))
+}
+
+// TestConformanceServerPrepared runs the executor cases, on both claim
+// paths, with interpolateParams=false: every statement as a server-side
+// prepared statement, whose DATETIME(6) and VARBINARY arguments travel in
+// the binary protocol instead of as text.
+func TestConformanceServerPrepared(t *testing.T) {
+	t.Parallel()
+	for _, p := range claimPaths {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, p.name)
+			h.serverPrepared = true
+			conformance.RunExecutor(t, h)
+		})
+	}
 }
 
 // claimPath returns the constructor of the claim path named name in claimPaths.
@@ -74,6 +91,8 @@ type harness struct {
 	server     *server
 	path       string // the claim path's name in claimPaths
 	newDialect func(*sql.DB) *idemmysql.Dialect
+	// serverPrepared turns interpolateParams off.
+	serverPrepared bool
 }
 
 var _ conformance.Harness[*sql.Tx] = (*harness)(nil)
@@ -85,16 +104,18 @@ func newHarness(t *testing.T, path string) *harness {
 
 func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*sql.Tx] {
 	t.Helper()
-	ns := h.server.open(ctx, t, true)
+	ns := h.server.open(ctx, t, !h.serverPrepared)
 	return &conformance.Namespace[*sql.Tx]{
 		Dialect:      h.newDialect(ns.db),
 		InsertOrder:  ns.insertOrder,
 		CountOrders:  ns.countOrders,
 		CountRecords: ns.countRecords,
 		SeedExpired:  ns.seedExpired,
+		Migrate:      func(ctx context.Context) error { return idemmysql.Migrate(ctx, ns.db) },
+		Unmigrate:    func(ctx context.Context) error { return conformance.MigrateDown(ctx, migrations.MySQL, ns.db) },
 		Close:        func() { _ = ns.db.Close() },
 		ChildEnv: []string{
-			childDSNEnv + "=" + h.server.dsn(ns.name, true),
+			childDSNEnv + "=" + h.server.dsn(ns.name, !h.serverPrepared),
 			childPathEnv + "=" + h.path,
 		},
 	}

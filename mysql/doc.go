@@ -32,15 +32,26 @@
 // interpolation could mishandle: keys and scopes are bound as bytes. clientFoundRows may have either
 // value.
 //
-//	root@tcp(127.0.0.1:3306)/app?parseTime=true&interpolateParams=true
+//	root@tcp(127.0.0.1:3306)/app?parseTime=true&interpolateParams=true&readTimeout=30s&writeTimeout=30s
+//
+// Set readTimeout and writeTimeout too, well above Config.WaitTimeout and
+// your slowest business statement. database/sql's Tx.Commit takes no
+// context, and go-sql-driver waits for the server's answer to COMMIT
+// without a deadline by default, so a connection that goes half-open at the
+// COMMIT holds the request until the kernel gives up on it (minutes), far
+// past the caller's own deadline. With readTimeout the COMMIT fails as
+// [idem.ErrStoreUnavailable] after that time; its outcome is unknown, and
+// the client's retry gets the replay if it committed (docs/reliability.md,
+// "Faults on the wire").
 //
 // # Schema
 //
 // Create the table with [Migrate] or by applying the files of
 // [github.com/idemstore/idem/migrations] with your own tool; the table lives
 // in the DSN's database. Migrate takes the server lock
-// GET_LOCK('idem_migrate') around goose's Up, so instances starting together
-// may all call it. Keys and scopes are VARBINARY, so they match byte for
+// GET_LOCK('idem_migrate') and a lease row in idem_migrate_lock (which it
+// creates) around goose's Up, so instances starting together may all call
+// it, on one server or on several nodes of a Galera cluster. Keys and scopes are VARBINARY, so they match byte for
 // byte whatever the server's collation: "Key" and "key" are two records.
 // Times are DATETIME(6) holding UTC.
 //
@@ -134,6 +145,26 @@
 // client side of the connection (invalid connection, network errors, a
 // closed *sql.DB, an expired context deadline) are [idem.ErrStoreUnavailable];
 // a cancelled context is returned as such.
+//
+// Errors of statements idem did not send are classified by [Classify]:
+// [idem.Store.Do] applies it to its callback's errors (a deadlock met by the
+// callback is retried like idem's own), and callers of [idem.Store.ClaimTx]
+// apply it, through [idem.Store.Classify], to their own statements' and
+// commit's errors.
+//
+// # Galera
+//
+// On a MariaDB Galera cluster, row locks are local to a node and conflicting
+// writes from two nodes are settled at COMMIT by certification: the loser
+// fails with 1213, at COMMIT or at the next statement of a transaction a
+// replicated write aborted, including a callback's or a caller's own
+// statement. That is [idem.ErrRetryable], handled as above. A node that
+// cannot serve (outside the primary component, joining, rejecting queries)
+// answers 1047, a commit that could not be replicated 1180: both are
+// [idem.ErrStoreUnavailable]. Replays stay correct on a node that has not
+// yet applied the writer's commit; wsrep_sync_wait=1 in the DSN spares the
+// callback runs that certification then rolls back. docs/scaling.md
+// ("Galera") has the details and the measurements.
 //
 // # Leases and the reaper
 //

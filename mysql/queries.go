@@ -269,3 +269,30 @@ const (
 	getMigrateLock     = `SELECT GET_LOCK(?, ?)`
 	releaseMigrateLock = `SELECT RELEASE_LOCK(?)`
 )
+
+// Cluster-wide migration lease: one row in migrateLeaseTable, inserted by
+// the migrator that holds it and deleted when it is done. GET_LOCK is local
+// to one server; on a Galera cluster two nodes grant it at once, while a
+// row with one primary key can be committed by one of them only (the other
+// meets the row, or fails certification). The holder renews the lease while
+// goose runs; a lease whose holder died runs out and is deleted by the next
+// migrator.
+//
+// Arguments of insertMigrateLease: holder, lease seconds. Of
+// renewMigrateLease: lease seconds, holder. Of releaseMigrateLease: holder.
+// deleteStaleMigrateLease takes none.
+const (
+	migrateLeaseTable = "idem_migrate_lock"
+
+	createMigrateLeaseTable = `CREATE TABLE IF NOT EXISTS ` + migrateLeaseTable + ` (
+	id         TINYINT     NOT NULL PRIMARY KEY,
+	holder     VARBINARY(64) NOT NULL,
+	expires_at DATETIME(6) NOT NULL
+) ENGINE = InnoDB`
+	insertMigrateLease = `INSERT INTO ` + migrateLeaseTable + ` (id, holder, expires_at)
+VALUES (1, ?, UTC_TIMESTAMP(6) + INTERVAL ? SECOND)`
+	renewMigrateLease = `UPDATE ` + migrateLeaseTable + `
+SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? SECOND WHERE id = 1 AND holder = ?`
+	releaseMigrateLease     = `DELETE FROM ` + migrateLeaseTable + ` WHERE id = 1 AND holder = ?`
+	deleteStaleMigrateLease = `DELETE FROM ` + migrateLeaseTable + ` WHERE id = 1 AND expires_at < UTC_TIMESTAMP(6)`
+)

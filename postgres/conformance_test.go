@@ -3,26 +3,58 @@ package postgres_test
 import (
 	"context"
 	"os"
+	"regexp"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/conformance"
 	"github.com/idemstore/idem/internal/testdb"
+	"github.com/idemstore/idem/migrations"
 	idempg "github.com/idemstore/idem/postgres"
 )
 
-// execModes are the pgx exec modes every test runs under: the default
-// statement cache, and the simple protocol PgBouncer users pick.
-var execModes = []execMode{
-	{"CacheStatement", pgx.QueryExecModeCacheStatement},
-	{"SimpleProtocol", pgx.QueryExecModeSimpleProtocol},
+// execModes are the pgx exec modes every test runs under
+// (testdb.PostgresExecModes): by default the statement cache and the simple
+// protocol PgBouncer users pick; through a transaction pooler, the modes
+// safe there.
+var execModes = pickExecModes(testdb.PostgresExecModes())
+
+// defaultMode is the mode of the tests that run under one mode only.
+var defaultMode = execModes[0].mode
+
+// allExecModes maps the default_query_exec_mode names of pgx's connection
+// strings to subtest names and modes.
+var allExecModes = map[string]execMode{
+	"cache_statement": {"CacheStatement", pgx.QueryExecModeCacheStatement},
+	"cache_describe":  {"CacheDescribe", pgx.QueryExecModeCacheDescribe},
+	"describe_exec":   {"DescribeExec", pgx.QueryExecModeDescribeExec},
+	"exec":            {"Exec", pgx.QueryExecModeExec},
+	"simple_protocol": {"SimpleProtocol", pgx.QueryExecModeSimpleProtocol},
+}
+
+func pickExecModes(names []string) []execMode {
+	var modes []execMode
+	for _, n := range names {
+		m, ok := allExecModes[n]
+		if !ok {
+			panic("IDEM_TEST_POSTGRES_EXEC_MODES: unknown exec mode " + strconv.Quote(n))
+		}
+		modes = append(modes, m)
+	}
+	if len(modes) == 0 {
+		panic("IDEM_TEST_POSTGRES_EXEC_MODES: no exec mode")
+	}
+	return modes
 }
 
 type execMode struct {
@@ -61,7 +93,7 @@ func reopen(ctx context.Context, t *testing.T) idem.Dialect[pgx.Tx] {
 	require.NotEmpty(t, schema, childSchemaEnv)
 	i := slices.IndexFunc(execModes, func(m execMode) bool { return m.name == modeName })
 	require.NotEqual(t, -1, i, "%s=%q", childModeEnv, modeName)
-	return idempg.New(connectSchema(ctx, t, url, schema, execModes[i].mode, 4))
+	return idempg.New(connect(ctx, t, url, execModes[i].mode, 4), idempg.WithSchema(schema))
 }
 
 // harness implements conformance.Harness with a schema per namespace.
@@ -75,32 +107,53 @@ var _ conformance.Harness[pgx.Tx] = (*harness)(nil)
 func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[pgx.Tx] {
 	t.Helper()
 	url, schema := testdb.PostgresURL(t), createSchema(ctx, t)
-	pool := connectSchema(ctx, t, url, schema, h.mode, 10)
-	require.NoError(t, idempg.Migrate(ctx, pool))
-	_, err := pool.Exec(ctx, `CREATE TABLE orders (
+	pool := connect(ctx, t, url, h.mode, 10)
+	require.NoError(t, idempg.Migrate(ctx, pool, idempg.WithSchema(schema)))
+	q := qualifier(schema)
+	_, err := pool.Exec(ctx, `CREATE TABLE `+q("orders")+` (
 		id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 		ref text NOT NULL
 	)`)
 	require.NoError(t, err)
 
 	return &conformance.Namespace[pgx.Tx]{
-		Dialect: idempg.New(pool),
+		Dialect: idempg.New(pool, idempg.WithSchema(schema)),
 		InsertOrder: func(ctx context.Context, tx pgx.Tx, ref string) error {
-			_, err := tx.Exec(ctx, `INSERT INTO orders (ref) VALUES ($1::text)`, ref)
+			_, err := tx.Exec(ctx, `INSERT INTO `+q("orders")+` (ref) VALUES ($1::text)`, ref)
 			return err
 		},
 		CountOrders: func(ctx context.Context, ref string) (int, error) {
 			var n int
-			err := pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE ref = $1::text`, ref).Scan(&n)
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM `+q("orders")+` WHERE ref = $1::text`, ref).Scan(&n)
 			return n, err
 		},
 		CountRecords: func(ctx context.Context) (int, error) {
 			var n int
-			err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n)
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM `+q("idempotency_keys")).Scan(&n)
 			return n, err
 		},
 		SeedExpired: func(ctx context.Context, n int, expiresAt time.Time) error {
-			_, err := pool.Exec(ctx, seedExpired, n, expiresAt)
+			_, err := pool.Exec(ctx, qualify(schema, seedExpired), n, expiresAt)
+			return err
+		},
+		Migrate: func(ctx context.Context) error { return idempg.Migrate(ctx, pool, idempg.WithSchema(schema)) },
+		Unmigrate: func(ctx context.Context) error {
+			db := stdlib.OpenDBFromPool(pool)
+			defer func() { _ = db.Close() }()
+			// Down in the namespace's schema, as Migrate with WithSchema went up.
+			fsys, err := migrations.FS(migrations.Postgres)
+			if err != nil {
+				return err
+			}
+			if fsys, err = idempg.InSchema(fsys, schema); err != nil {
+				return err
+			}
+			p, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
+				goose.WithTableName(schema+"."+migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
+			if err != nil {
+				return err
+			}
+			_, err = p.DownTo(ctx, 0)
 			return err
 		},
 		Close: pool.Close,
@@ -173,12 +226,18 @@ func adminPool(t *testing.T) *pgxpool.Pool {
 	return admin.pool
 }
 
-// openSchema creates an empty schema owned by t and returns a pool whose
-// search_path points at it. The pool closes, and the schema is dropped, when
-// t ends.
-func openSchema(ctx context.Context, t *testing.T, mode pgx.QueryExecMode) *pgxpool.Pool {
-	t.Helper()
-	return schemaPool(ctx, t, createSchema(ctx, t), mode, 10)
+// qualifier returns a function that names a table of schema, quoted.
+func qualifier(schema string) func(table string) string {
+	return func(table string) string { return pgx.Identifier{schema, table}.Sanitize() }
+}
+
+// tableRef matches the idempotency_keys table in the SQL of a test.
+var tableRef = regexp.MustCompile(`\bidempotency_keys\b`)
+
+// qualify names the idempotency_keys table of schema in sql: the tests
+// set no search_path, which a transaction pooler would refuse.
+func qualify(schema, sql string) string {
+	return tableRef.ReplaceAllLiteralString(sql, qualifier(schema)("idempotency_keys"))
 }
 
 // createSchema creates an empty schema, dropped when t ends, and returns its name.
@@ -195,21 +254,21 @@ func createSchema(ctx context.Context, t *testing.T) string {
 	return schema
 }
 
-// schemaPool opens another pool on schema, closed when t ends.
-func schemaPool(ctx context.Context, t *testing.T, schema string, mode pgx.QueryExecMode, maxConns int32) *pgxpool.Pool {
+// testPool opens another pool on the test server, closed when t ends.
+func testPool(ctx context.Context, t *testing.T, mode pgx.QueryExecMode, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	return connectSchema(ctx, t, testdb.PostgresURL(t), schema, mode, maxConns)
+	return connect(ctx, t, testdb.PostgresURL(t), mode, maxConns)
 }
 
-// connectSchema opens a pool on the server at url whose search_path is
-// schema, closed when t ends.
-func connectSchema(ctx context.Context, t *testing.T, url, schema string, mode pgx.QueryExecMode, maxConns int32) *pgxpool.Pool {
+// connect opens a pool on the server at url, closed when t ends. It sets no
+// search_path: the tests name their schema in each statement (WithSchema,
+// qualify), which works through a transaction pooler too.
+func connect(ctx context.Context, t *testing.T, url string, mode pgx.QueryExecMode, maxConns int32) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	cfg.MaxConns = maxConns
 	cfg.ConnConfig.DefaultQueryExecMode = mode
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

@@ -10,16 +10,26 @@
 // migration drivers); import it under an alias such as idempg, as above.
 //
 // Tested with PostgreSQL 15 and pgx v5.12, under both
-// QueryExecModeCacheStatement and QueryExecModeSimpleProtocol. It needs
-// PostgreSQL 12 or later (WITH ... AS MATERIALIZED).
+// QueryExecModeCacheStatement and QueryExecModeSimpleProtocol, and through
+// PgBouncer 1.18 in transaction pooling mode under QueryExecModeSimpleProtocol
+// and QueryExecModeExec (make pgbouncer). It needs PostgreSQL 12 or later
+// (WITH ... AS MATERIALIZED).
 //
 // # Schema
 //
 // Create the table with [Migrate] or by applying the files of
-// [github.com/idemstore/idem/migrations] with your own tool. The table is
-// looked up through the pool's search_path, so to keep idem's table in its own
-// schema, set search_path in the pool's connection settings
-// (ConnConfig.RuntimeParams["search_path"] or the search_path URL parameter).
+// [github.com/idemstore/idem/migrations] with your own tool. Name its schema
+// with [WithSchema], given to New and Migrate alike:
+//
+//	store, err := idem.New(idempg.New(pool, idempg.WithSchema("idem")), nil)
+//
+// Every statement then names "idem"."idempotency_keys", and Migrate puts the
+// table and its goose version table (idem.idem_goose_db_version) there.
+// Without it, the table is looked up through the connection's search_path
+// statement by statement, as in earlier versions: instances whose
+// search_path differs (one behind a pooler that drops the setting, one
+// connected directly) then use two tables, and nothing protects a key from
+// being claimed once in each.
 //
 // # Claiming
 //
@@ -89,15 +99,55 @@
 //
 // Every statement works under all of pgx's query exec modes; parameters carry
 // explicit casts so the simple protocol gives them the same types as the
-// extended one. Behind PgBouncer in transaction pooling mode, use
-// QueryExecModeSimpleProtocol (or QueryExecModeExec, or PgBouncer 1.21+ with
-// max_prepared_statements for the default statement cache). Transaction
-// pooling is safe for the claim: its lock_timeout is set with
-// set_config(..., is_local => true), which is local to the transaction, and
-// on the pool the claim runs in a transaction of its own. Run [Migrate]
-// on a direct connection, or through session pooling: it serialises
-// concurrent runs with a session-level advisory lock, which transaction
-// pooling does not keep on one server connection.
+// extended one.
+//
+// Behind PgBouncer in transaction pooling mode a client keeps a server
+// connection only until its transaction ends, and session state does not
+// follow it. Then:
+//
+//   - Use QueryExecModeExec or QueryExecModeSimpleProtocol
+//     (default_query_exec_mode=exec in the connection string), for the pool
+//     given to Migrate too. pgx's default, QueryExecModeCacheStatement,
+//     prepares named statements on one server connection and runs them on
+//     whichever the pooler hands out next, where the server answers 26000
+//     (prepared statement "stmtcache_..." does not exist) or 42P05 (already
+//     exists). idem reports both as [idem.ErrMisconfigured], with the fix in
+//     the message; [idem.Store.Do] does not retry it, and nothing is
+//     committed.
+//   - Not QueryExecModeDescribeExec either: it describes the unnamed
+//     statement in one round trip and runs it in the next, and outside a
+//     transaction the pooler may switch server connections in between.
+//     Through PgBouncer 1.18 under the test suite's load the execution then
+//     met another client's unnamed statement ("bind message supplies 9
+//     parameters, but prepared statement "" requires 0", 08P01, reported as
+//     [idem.ErrStoreUnavailable]); one with the same parameters would have
+//     run in its place. QueryExecModeCacheDescribe was not tested.
+//   - Name the schema with [WithSchema]. PgBouncer refuses a connection that
+//     sets search_path (or options, or default_transaction_isolation) as a
+//     startup parameter; idem reports that refusal ("unsupported startup
+//     parameter", 08P01) as [idem.ErrMisconfigured], not as an outage. With
+//     ignore_startup_parameters = search_path PgBouncer drops the setting
+//     silently instead, and without WithSchema the table would be public's.
+//   - Do not use pgconn.CancelRequestContextWatcherHandler: PgBouncer 1.18
+//     exits on its cancel request (FATAL "bad client state: 0" in
+//     disconnect_client, seen here), dropping every client. pgx's default
+//     context watcher, which closes the connection, works through it.
+//   - PgBouncer 1.21 and later can keep protocol-level prepared statements
+//     across server connections (max_prepared_statements > 0), which would
+//     let the statement cache work through transaction pooling; that is
+//     untested. Debian 12 ships 1.18 (apt-cache policy pgbouncer:
+//     1.18.0-1+deb12u1, nothing newer in bookworm, bookworm-updates or
+//     bookworm-security); 1.21+ comes from apt.postgresql.org or later
+//     Debian releases. With 1.18, the advice above is the only one.
+//
+// Transaction pooling is safe for the claim: its lock_timeout is set with
+// set_config(..., is_local => true), which is local to the transaction, on
+// the pool the claim runs in a transaction of its own, and the key's lock is
+// a transaction-level advisory lock. [Migrate] works through it too: its
+// lock is a transaction-level advisory lock held by a connection of its own
+// (the pooler must have a second server connection for the migrations), and
+// with WithSchema each migration sets its search_path with SET LOCAL, in
+// its own transaction.
 //
 // # Leases and the reaper
 //

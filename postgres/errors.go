@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -24,8 +25,35 @@ const (
 	codeCrashShutdown        = "57P02"
 	codeCannotConnectNow     = "57P03"
 	codeReadOnlyTransaction  = "25006"
-	classConnection          = "08"
+	// A prepared statement missing on, or already on, the server
+	// connection: pgx's statement cache behind a transaction pooler.
+	codeInvalidStatementName       = "26000"
+	codeDuplicatePreparedStatement = "42P05"
+	codeProtocolViolation          = "08P01"
+	classConnection                = "08"
 )
+
+// statementCacheAdvice is the fix for codeInvalidStatementName and
+// codeDuplicatePreparedStatement, which idem's own statements meet only when
+// the statements pgx prepared on one server connection are looked for on
+// another: a transaction pooler in front of the server.
+const statementCacheAdvice = "idem: postgres: a prepared statement was missing from, or already on, " +
+	"the server connection: a transaction pooler (PgBouncer pool_mode=transaction) is between pgx and " +
+	"PostgreSQL and pgx's statement cache is on; set ConnConfig.DefaultQueryExecMode to " +
+	"pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol (default_query_exec_mode=exec in the " +
+	"connection string), or enable max_prepared_statements on PgBouncer 1.21 or later"
+
+// pgbouncerStartupParameter begins PgBouncer's refusal of a connection that
+// sets a startup parameter it does not track (search_path, options,
+// default_transaction_isolation, ...), SQLSTATE 08P01: every connection
+// fails the same way, so it is configuration, not an outage. PgBouncer's
+// messages are not translated.
+const pgbouncerStartupParameter = "unsupported startup parameter"
+
+// startupParameterAdvice is the fix for pgbouncerStartupParameter.
+const startupParameterAdvice = "idem: postgres: PgBouncer refuses a startup parameter of the connection " +
+	"(such as search_path in RuntimeParams or the URL): name idem's schema with postgres.WithSchema instead, " +
+	"and drop the parameter, or list it in PgBouncer's ignore_startup_parameters if the server need not see it"
 
 // interpretError classifies an error from a pgx call made with ctx. The
 // driver's error stays reachable through %w wrapping (errors.As(err, &pgErr)
@@ -59,6 +87,10 @@ func interpretError(ctx context.Context, err error) error {
 				return fmt.Errorf("idem: postgres: %w: %w", ctx.Err(), err)
 			}
 			return fmt.Errorf("%w: %w: %w", idem.ErrStoreUnavailable, ctx.Err(), err)
+		case pgErr.Code == codeInvalidStatementName, pgErr.Code == codeDuplicatePreparedStatement:
+			return fmt.Errorf("%w: %s: %w", idem.ErrMisconfigured, statementCacheAdvice, err)
+		case pgErr.Code == codeProtocolViolation && strings.HasPrefix(pgErr.Message, pgbouncerStartupParameter):
+			return fmt.Errorf("%w: %s: %w", idem.ErrMisconfigured, startupParameterAdvice, err)
 		case pgErr.Code == codeQueryCanceled, // statement_timeout or an administrator's cancel: no answer in time
 			pgErr.Code == codeTooManyConnections,
 			pgErr.Code == codeAdminShutdown, pgErr.Code == codeCrashShutdown,

@@ -19,17 +19,20 @@ import (
 // stored response commit together or not at all.
 func Example() {
 	ctx := context.Background()
-	// search_path selects the schema that holds idempotency_keys.
-	pool, err := pgxpool.New(ctx, "postgres://app@127.0.0.1:5432/app?search_path=public")
+	// default_query_exec_mode=exec also works through PgBouncer in
+	// transaction pooling mode; WithSchema names the schema of
+	// idempotency_keys in every statement, whatever the search_path.
+	pool, err := pgxpool.New(ctx, "postgres://app@127.0.0.1:5432/app?default_query_exec_mode=exec")
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer pool.Close()
 
-	if err := idempg.Migrate(ctx, pool); err != nil {
+	schema := idempg.WithSchema("public")
+	if err := idempg.Migrate(ctx, pool, schema); err != nil {
 		log.Fatal(err)
 	}
-	store, err := idem.New(idempg.New(pool), nil) // *idem.Store[pgx.Tx]
+	store, err := idem.New(idempg.New(pool, schema), nil) // *idem.Store[pgx.Tx]
 	if err != nil {
 		log.Fatal(err)
 	}

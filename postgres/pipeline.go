@@ -21,17 +21,20 @@ var _ idem.TxPipeliner[pgx.Tx] = (*Dialect)(nil)
 // the batch failed before, it is closed and its Rollback returns
 // pgx.ErrTxClosed, which [Dialect.Rollback] ignores.
 func (d *Dialect) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, *idem.ClaimResult, error) {
+	if d.err != nil {
+		return closedTx{}, nil, d.err
+	}
 	conn, err := d.pool.Acquire(ctx)
 	if err != nil {
 		return closedTx{}, nil, interpretError(ctx, err)
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	claimBatch(b, p)
+	d.st.claimBatch(b, p)
 	br := conn.Conn().SendBatch(ctx, b)
 	tx := &pipeTx{tx: br.Tx(), conn: conn}
-	e := &executor{db: conn.Conn()} // inTx false: readBounded reads BEGIN first
-	cr := claimReader{p: p}
+	e := &executor{db: conn.Conn(), st: d.st} // inTx false: readBounded reads BEGIN first
+	cr := claimReader{p: p, st: d.st}
 	err = e.readBounded(ctx, br, p.WaitTimeout, 0, cr.readInsert, func(br pgx.BatchResults) error {
 		return cr.readRecord(ctx, br)
 	})
@@ -62,6 +65,9 @@ func (d *Dialect) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, 
 // rolls it back, the caller's writes included, and returns [idem.ErrFenced].
 // A tx not begun by BeginClaim is completed and committed in two round trips.
 func (d *Dialect) CompleteCommit(ctx context.Context, tx pgx.Tx, p *idem.CompleteParams) error {
+	if d.err != nil {
+		return d.err
+	}
 	pt, ok := tx.(*pipeTx)
 	if !ok {
 		if err := d.Tx(tx).Complete(ctx, p); err != nil {
@@ -72,7 +78,7 @@ func (d *Dialect) CompleteCommit(ctx context.Context, tx pgx.Tx, p *idem.Complet
 	if pt.done {
 		return interpretError(ctx, pgx.ErrTxClosed)
 	}
-	query, args, err := completeQuery(p, true)
+	query, args, err := d.st.completeQuery(p, true)
 	if err != nil {
 		return err
 	}

@@ -19,14 +19,14 @@ func TestCompleteCommitFenced(t *testing.T) {
 	t.Parallel()
 	forEachMode(t, func(t *testing.T, mode pgx.QueryExecMode) {
 		ctx, b := setup(t, mode)
-		_, err := b.pool.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY)`)
+		_, err := b.pool.Exec(ctx, `CREATE TABLE `+b.orders()+` (id bigint PRIMARY KEY)`)
 		require.NoError(t, err)
 
 		p := claimParams(newKey())
 		tx, res, err := b.dialect.BeginClaim(ctx, p)
 		require.NoError(t, err)
 		require.True(t, res.Created)
-		_, err = tx.Exec(ctx, `INSERT INTO orders (id) VALUES (1)`)
+		_, err = tx.Exec(ctx, `INSERT INTO `+b.orders()+` (id) VALUES (1)`)
 		require.NoError(t, err)
 
 		err = b.dialect.CompleteCommit(ctx, tx, &idem.CompleteParams{
@@ -37,7 +37,7 @@ func TestCompleteCommitFenced(t *testing.T) {
 		require.NoError(t, b.dialect.Rollback(ctx, tx), "a Rollback after CompleteCommit is harmless")
 
 		var n int
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n))
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.orders()).Scan(&n))
 		require.Zero(t, n, "the business row rolled back")
 		_, err = b.dialect.DB().Get(ctx, &idem.GetParams{Scope: p.Scope, Key: p.Key})
 		require.ErrorIs(t, err, idem.ErrNotFound, "the claim rolled back")
@@ -51,14 +51,14 @@ func TestCompleteCommit(t *testing.T) {
 	t.Parallel()
 	forEachMode(t, func(t *testing.T, mode pgx.QueryExecMode) {
 		ctx, b := setup(t, mode)
-		_, err := b.pool.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY)`)
+		_, err := b.pool.Exec(ctx, `CREATE TABLE `+b.orders()+` (id bigint PRIMARY KEY)`)
 		require.NoError(t, err)
 
 		p := claimParams(newKey())
 		tx, res, err := b.dialect.BeginClaim(ctx, p)
 		require.NoError(t, err)
 		require.True(t, res.Created)
-		_, err = tx.Exec(ctx, `INSERT INTO orders (id) VALUES (1)`)
+		_, err = tx.Exec(ctx, `INSERT INTO `+b.orders()+` (id) VALUES (1)`)
 		require.NoError(t, err)
 		require.NoError(t, b.dialect.CompleteCommit(ctx, tx, &idem.CompleteParams{
 			Scope: p.Scope, Key: p.Key, Token: p.Token, Status: idem.StatusSucceeded,
@@ -70,7 +70,7 @@ func TestCompleteCommit(t *testing.T) {
 		require.Zero(t, b.pool.Stat().AcquiredConns())
 
 		var n int
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&n))
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.orders()).Scan(&n))
 		require.Equal(t, 1, n)
 		rec, err := b.dialect.DB().Get(ctx, &idem.GetParams{Scope: p.Scope, Key: p.Key})
 		require.NoError(t, err)

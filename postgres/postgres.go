@@ -24,14 +24,25 @@ type Dialect struct {
 	// exec is the pool's Executor, made once: DB is on every pool-level
 	// call's path.
 	exec *executor
+	st   *statements
+	// err is an invalid option's error, which every call returns.
+	err error
 }
 
 var _ idem.Dialect[pgx.Tx] = (*Dialect)(nil)
 
-// New returns a dialect that runs on pool. The pool's search_path decides
-// which schema's idempotency_keys table is used; pool must not be nil.
-func New(pool *pgxpool.Pool) *Dialect {
-	return &Dialect{pool: pool, exec: &executor{db: pool}}
+// New returns a dialect that runs on pool; pool must not be nil. Without
+// [WithSchema], the pool's search_path decides which schema's
+// idempotency_keys table is used, statement by statement; with it, every
+// statement names the table in that schema. An invalid option makes every
+// call of the Dialect fail with an error matching [idem.ErrMisconfigured].
+func New(pool *pgxpool.Pool, opts ...Option) *Dialect {
+	o := applyOptions(opts)
+	st := defaultStatements
+	if o.err == nil && o.schema != "" {
+		st = newStatements(o.table())
+	}
+	return &Dialect{pool: pool, exec: &executor{db: pool, st: st}, st: st, err: o.err}
 }
 
 // Name returns "postgres".
@@ -39,7 +50,12 @@ func (d *Dialect) Name() string { return "postgres" }
 
 // DB returns an Executor that runs each statement on the pool, outside any
 // caller transaction.
-func (d *Dialect) DB() idem.Executor { return d.exec }
+func (d *Dialect) DB() idem.Executor {
+	if d.err != nil {
+		return failexec.Executor{Err: d.err}
+	}
+	return d.exec
+}
 
 // errNilTx is returned for a nil pgx.Tx instead of a nil-pointer panic.
 var errNilTx = errors.New("idem: postgres: nil pgx.Tx")
@@ -47,15 +63,21 @@ var errNilTx = errors.New("idem: postgres: nil pgx.Tx")
 // Tx returns an Executor that runs inside tx. It never commits or rolls back
 // tx. For a nil tx, every call of the Executor fails.
 func (d *Dialect) Tx(tx pgx.Tx) idem.Executor {
+	if d.err != nil {
+		return failexec.Executor{Err: d.err}
+	}
 	if tx == nil {
 		return failexec.Executor{Err: errNilTx}
 	}
-	return &executor{db: tx, inTx: true}
+	return &executor{db: tx, inTx: true, st: d.st}
 }
 
 // Begin starts a transaction on the pool with the server's default isolation
 // level (READ COMMITTED unless configured otherwise).
 func (d *Dialect) Begin(ctx context.Context) (pgx.Tx, error) {
+	if d.err != nil {
+		return nil, d.err
+	}
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		return nil, interpretError(ctx, err)
@@ -106,6 +128,7 @@ type executor struct {
 	// aborts. Outside one, each bounded batch runs in a transaction of its
 	// own.
 	inTx bool
+	st   *statements
 }
 
 var _ idem.Executor = (*executor)(nil)
@@ -117,9 +140,9 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	if !e.inTx {
 		b.BeginTx(pgx.TxOptions{})
 	}
-	claimBatch(b, p)
+	e.st.claimBatch(b, p)
 
-	cr := claimReader{p: p}
+	cr := claimReader{p: p, st: e.st}
 	if err := e.sendBounded(ctx, b, p.WaitTimeout, 0, cr.readInsert, func(br pgx.BatchResults) error {
 		return cr.readRecord(ctx, br)
 	}); err != nil {
@@ -134,9 +157,9 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 func (cr *claimReader) finish(ctx context.Context, tx dbtx) (*idem.ClaimResult, error) {
 	switch {
 	case cr.waitForLock:
-		return claimDeferredBounded(ctx, tx, cr.p)
+		return cr.st.claimDeferredBounded(ctx, tx, cr.p)
 	case cr.insertAfterAll:
-		return claimInserting(ctx, tx, cr.p)
+		return cr.st.claimInserting(ctx, tx, cr.p)
 	default:
 		return cr.res, nil
 	}
@@ -144,12 +167,12 @@ func (cr *claimReader) finish(ctx context.Context, tx dbtx) (*idem.ClaimResult, 
 
 // claimDeferredBounded is a deferred claim that waits for the key's lock,
 // bounded by p.WaitTimeout: the batch [claimLock; claimRead] in tx.
-func claimDeferredBounded(ctx context.Context, tx dbtx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
-	e := &executor{db: tx, inTx: true}
+func (st *statements) claimDeferredBounded(ctx context.Context, tx dbtx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
+	e := &executor{db: tx, inTx: true, st: st}
 	b := &pgx.Batch{}
-	b.Queue(claimLock, p.Scope, p.Key, lockTimeout(p.WaitTimeout))
-	b.Queue(claimRead, p.Scope, p.Key, pinnedNow(p.Now))
-	cr := claimReader{p: p, bounded: true}
+	b.Queue(st.claimLock, p.Scope, p.Key, lockTimeout(p.WaitTimeout))
+	b.Queue(st.claimRead, p.Scope, p.Key, pinnedNow(p.Now))
+	cr := claimReader{p: p, st: st, bounded: true}
 	if err := e.sendBounded(ctx, b, p.WaitTimeout, 0, cr.readInsert, func(br pgx.BatchResults) error {
 		return cr.readRecord(ctx, br)
 	}); err != nil {
@@ -163,30 +186,31 @@ func claimDeferredBounded(ctx context.Context, tx dbtx, p *idem.ClaimParams) (*i
 // COMMITTED): the insert checks the newest committed state for a conflict,
 // and under REPEATABLE READ or SERIALIZABLE reports a record its snapshot
 // hides as a serialization failure. It already holds the key's lock.
-func claimInserting(ctx context.Context, tx dbtx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
+func (st *statements) claimInserting(ctx context.Context, tx dbtx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
 	again := *p
 	again.Defer = false
-	return (&executor{db: tx, inTx: true}).Claim(ctx, &again)
+	return (&executor{db: tx, inTx: true, st: st}).Claim(ctx, &again)
 }
 
 // claimBatch queues the claim's two statements on b, after what b already
 // holds: set lock_timeout and insert, restore lock_timeout and read; for a
 // deferred claim, try the key's lock and read.
-func claimBatch(b *pgx.Batch, p *idem.ClaimParams) {
+func (st *statements) claimBatch(b *pgx.Batch, p *idem.ClaimParams) {
 	now := pinnedNow(p.Now)
 	if p.Defer {
-		b.Queue(claimTryLock, p.Scope, p.Key, now)
-		b.Queue(claimReadLocked, p.Scope, p.Key)
+		b.Queue(st.claimTryLock, p.Scope, p.Key, now)
+		b.Queue(st.claimReadLocked, p.Scope, p.Key)
 		return
 	}
-	b.Queue(claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
+	b.Queue(st.claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
 		p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now, lockTimeout(p.WaitTimeout))
-	b.Queue(claimRead, p.Scope, p.Key, now)
+	b.Queue(st.claimRead, p.Scope, p.Key, now)
 }
 
 // claimReader reads the results of the claim's insert (or lock) and read.
 type claimReader struct {
 	p          *idem.ClaimParams
+	st         *statements
 	notCreated bool
 	res        *idem.ClaimResult
 	// Set by the insert when it inserted.
@@ -368,7 +392,7 @@ func (e *executor) Takeover(ctx context.Context, p *idem.TakeoverParams) error {
 	default:
 		return fmt.Errorf("idem: postgres: unknown takeover condition %d", p.Condition)
 	}
-	b := e.boundedBatch(p.WaitTimeout, takeover, p.Scope, p.Key, p.Token, p.NewToken, p.Fingerprint[:],
+	b := e.boundedBatch(p.WaitTimeout, e.st.takeover, p.Scope, p.Key, p.Token, p.NewToken, p.Fingerprint[:],
 		int32(p.Attempt), p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), pinnedNow(p.Now),
 		retentionExpired, leaseExpired)
 	var tag pgconn.CommandTag
@@ -387,7 +411,7 @@ func (e *executor) Takeover(ctx context.Context, p *idem.TakeoverParams) error {
 
 // Get reads a live record without locking it.
 func (e *executor) Get(ctx context.Context, p *idem.GetParams) (*idem.Record, error) {
-	return scanRecord(ctx, e.db.QueryRow(ctx, get, p.Scope, p.Key, pinnedNow(p.Now)))
+	return scanRecord(ctx, e.db.QueryRow(ctx, e.st.get, p.Scope, p.Key, pinnedNow(p.Now)))
 }
 
 // completeArgs returns the arguments of complete (and completeOrFail).
@@ -423,20 +447,20 @@ func responseArgs(resp *idem.Response) (code int32, header, body []byte, _ error
 // completeQuery returns the completion statement for p and its arguments:
 // complete (or, with orFail, completeOrFail), or for a deferred claim's
 // completion (p.Insert) completeInsert (completeInsertOrFail).
-func completeQuery(p *idem.CompleteParams, orFail bool) (string, []any, error) {
+func (st *statements) completeQuery(p *idem.CompleteParams, orFail bool) (string, []any, error) {
 	if p.Insert {
 		// completeInsert needs no OrFail variant: a conflict is an error.
 		args, err := completeInsertArgs(p)
-		return completeInsert, args, err
+		return st.completeInsert, args, err
 	}
 	args, err := completeArgs(p)
 	if err != nil {
 		return "", nil, err
 	}
 	if orFail {
-		return completeOrFail, args, nil
+		return st.completeOrFail, args, nil
 	}
-	return complete, args, nil
+	return st.complete, args, nil
 }
 
 // completeInsertArgs returns the arguments of completeInsert.
@@ -453,7 +477,7 @@ func completeInsertArgs(p *idem.CompleteParams) ([]any, error) {
 // Complete stores the response while the record is processing and carries
 // p.Token, or, after a deferred claim, inserts the finished record.
 func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
-	query, args, err := completeQuery(p, false)
+	query, args, err := e.st.completeQuery(p, false)
 	if err != nil {
 		return err
 	}
@@ -473,7 +497,7 @@ func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
 // Release deletes the record while it is processing and carries p.Token
 // (and, with p.OnlyIfLeaseExpired, its lease has run out).
 func (e *executor) Release(ctx context.Context, p *idem.ReleaseParams) error {
-	tag, err := e.db.Exec(ctx, release, p.Scope, p.Key, p.Token, p.OnlyIfLeaseExpired, pinnedNow(p.Now))
+	tag, err := e.db.Exec(ctx, e.st.release, p.Scope, p.Key, p.Token, p.OnlyIfLeaseExpired, pinnedNow(p.Now))
 	if err != nil {
 		return interpretError(ctx, err)
 	}
@@ -489,7 +513,7 @@ func (e *executor) Release(ctx context.Context, p *idem.ReleaseParams) error {
 // holding the record. The expiry it returns is the one stored, read back
 // with RETURNING.
 func (e *executor) RenewLease(ctx context.Context, p *idem.RenewLeaseParams) (time.Time, error) {
-	b := e.boundedBatch(p.WaitTimeout, renewLease, p.Scope, p.Key, p.Token, p.NewToken,
+	b := e.boundedBatch(p.WaitTimeout, e.st.renewLease, p.Scope, p.Key, p.Token, p.NewToken,
 		p.Duration.Microseconds(), pinnedNow(p.Now), p.OnlyIfExpired)
 	var (
 		leaseExpiresAt time.Time
@@ -518,7 +542,7 @@ func (e *executor) ListStaleLeases(ctx context.Context, p *idem.ListStaleLeasesP
 	if p.Limit < 1 {
 		return nil, time.Time{}, fmt.Errorf("idem: postgres: limit %d out of range", p.Limit)
 	}
-	rows, err := e.db.Query(ctx, listStaleLeases, pinnedNow(p.Now), int64(p.Limit))
+	rows, err := e.db.Query(ctx, e.st.listStaleLeases, pinnedNow(p.Now), int64(p.Limit))
 	if err != nil {
 		return nil, time.Time{}, interpretError(ctx, err)
 	}
@@ -557,7 +581,7 @@ func (e *executor) DeleteExpired(ctx context.Context, p *idem.DeleteExpiredParam
 	if p.Limit < 1 {
 		return 0, fmt.Errorf("idem: postgres: limit %d out of range", p.Limit)
 	}
-	tag, err := e.db.Exec(ctx, deleteExpired, pinnedNow(p.Now), int64(p.Limit))
+	tag, err := e.db.Exec(ctx, e.st.deleteExpired, pinnedNow(p.Now), int64(p.Limit))
 	if err != nil {
 		return 0, interpretError(ctx, err)
 	}

@@ -1,5 +1,7 @@
 package postgres
 
+import "regexp"
+
 // Every statement takes its values as bind parameters, each with an explicit
 // cast: under pgx's simple protocol (QueryExecModeSimpleProtocol, used behind
 // PgBouncer) pgx inlines the parameters as untyped literals, and the casts
@@ -343,8 +345,8 @@ const deleteExpired = `WITH clock AS MATERIALIZED (
 DELETE FROM idempotency_keys
 WHERE (scope, idempotency_key) IN (SELECT scope, idempotency_key FROM batch)`
 
-// migrationLockSchema names the schema Migrate creates its tables in: the
-// first existing schema of the search_path.
+// migrationLockSchema names the schema Migrate creates its tables in
+// without [WithSchema]: the first existing schema of the search_path.
 const migrationLockSchema = `SELECT COALESCE(current_schema(), '')`
 
 // completeOrFail is complete for the batch [completeOrFail; COMMIT] of
@@ -362,3 +364,38 @@ const completeOrFail = `WITH clock AS MATERIALIZED (
 	RETURNING 1
 )
 SELECT 1 / (SELECT count(*)::integer FROM completed)`
+
+// statements holds a Dialect's statements, with the table named as [New]
+// was told: the constants above unchanged by default (the table found
+// through search_path), or with [WithSchema] every reference to the table
+// qualified, the key lock's regclass literal included, so the lock ids
+// stay those of the same table reached through search_path.
+type statements struct {
+	claimInsert, claimLock, claimTryLock, claimReadLocked, claimRead, completeInsert,
+	takeover, get, complete, completeOrFail, release, renewLease, listStaleLeases, deleteExpired string
+}
+
+// tableRef matches the table's name in the constants above, not the longer
+// names of its indexes and constraints, nor the idempotency_key column.
+var tableRef = regexp.MustCompile(`\bidempotency_keys\b`)
+
+// defaultStatements are the statements of a Dialect without [WithSchema].
+var defaultStatements = newStatements("")
+
+// newStatements returns the statements on table, a quoted qualified name,
+// or on the unqualified idempotency_keys for "".
+func newStatements(table string) *statements {
+	q := func(sql string) string {
+		if table == "" {
+			return sql
+		}
+		return tableRef.ReplaceAllLiteralString(sql, table)
+	}
+	return &statements{
+		claimInsert: q(claimInsert), claimLock: q(claimLock), claimTryLock: q(claimTryLock),
+		claimReadLocked: q(claimReadLocked), claimRead: q(claimRead), completeInsert: q(completeInsert),
+		takeover: q(takeover), get: q(get), complete: q(complete), completeOrFail: q(completeOrFail),
+		release: q(release), renewLease: q(renewLease), listStaleLeases: q(listStaleLeases),
+		deleteExpired: q(deleteExpired),
+	}
+}

@@ -19,19 +19,20 @@ import (
 // address that has not moved yet (internal/failovertest); here the same
 // answer comes from default_transaction_read_only. It must reach callers as
 // ErrStoreUnavailable, to retry later, with nothing stored.
+//
+// Not through a transaction pooler, which refuses the startup parameter.
 func TestReadOnlyServer(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, pgx.QueryExecModeCacheStatement)
-	var schema string
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
+	// Not through a transaction pooler (.ci/pgbouncer.sh leaves it out): PgBouncer refuses the default_transaction_read_only startup parameter.
+	ctx, b := setup(t, defaultMode)
 	cfg, err := pgxpool.ParseConfig(testdb.PostgresURL(t))
 	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.ConnConfig.DefaultQueryExecMode = defaultMode
 	cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	dialect := idempg.New(pool)
+	dialect := idempg.New(pool, idempg.WithSchema(b.schema))
 	store, err := idem.New(dialect, &idem.Config{})
 	require.NoError(t, err)
 
@@ -49,6 +50,6 @@ func TestReadOnlyServer(t *testing.T) {
 		requirePgCode(t, err, "25006")
 	})
 	var n int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n))
+	require.NoError(t, b.pool.QueryRow(ctx, b.q(`SELECT count(*) FROM idempotency_keys`)).Scan(&n))
 	require.Zero(t, n, "a read-only server stored nothing")
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/conformance"
+	"github.com/idemstore/idem/migrations"
 	idemsqlite "github.com/idemstore/idem/sqlite"
 )
 
@@ -70,8 +71,10 @@ func (harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*s
 			_, err := db.ExecContext(ctx, seedExpired, n, done, done, done, done, exp)
 			return err
 		},
-		Close:    closeDB,
-		ChildEnv: []string{childPathEnv + "=" + path},
+		Migrate:   func(ctx context.Context) error { return idemsqlite.Migrate(ctx, db) },
+		Unmigrate: func(ctx context.Context) error { return conformance.MigrateDown(ctx, migrations.SQLite, db) },
+		Close:     closeDB,
+		ChildEnv:  []string{childPathEnv + "=" + path},
 	}
 }
 

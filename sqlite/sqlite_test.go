@@ -16,7 +16,6 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/idemstore/idem"
-	"github.com/idemstore/idem/migrations"
 	idemsqlite "github.com/idemstore/idem/sqlite"
 )
 
@@ -58,44 +57,6 @@ func sqliteCode(err error) int {
 }
 
 func fp(s string) idem.Fingerprint { return idem.NewFingerprint([]byte(s)) }
-
-func TestMigrate(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "idem.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-
-	objects := func() []string {
-		t.Helper()
-		rows, err := db.QueryContext(ctx,
-			`SELECT name FROM sqlite_master WHERE tbl_name = 'idempotency_keys' AND name NOT LIKE 'sqlite_%'`)
-		require.NoError(t, err)
-		defer rows.Close()
-		var names []string
-		for rows.Next() {
-			var name string
-			require.NoError(t, rows.Scan(&name))
-			names = append(names, name)
-		}
-		require.NoError(t, rows.Err())
-		return names
-	}
-	schema := []string{"idempotency_keys", "idempotency_keys_expires_at_idx", "idempotency_keys_stale_lease_idx"}
-
-	require.NoError(t, idemsqlite.Migrate(ctx, db))
-	require.ElementsMatch(t, schema, objects())
-	require.NoError(t, idemsqlite.Migrate(ctx, db), "a second run is a no-op")
-
-	p, err := migrations.NewProvider(migrations.SQLite, db)
-	require.NoError(t, err)
-	_, err = p.DownTo(ctx, 0)
-	require.NoError(t, err)
-	require.Empty(t, objects())
-
-	require.NoError(t, idemsqlite.Migrate(ctx, db), "up again after down")
-	require.ElementsMatch(t, schema, objects())
-}
 
 func TestOpen(t *testing.T) {
 	t.Parallel()
@@ -374,18 +335,6 @@ func TestDeferredTransactionThatRead(t *testing.T) {
 func TestErrors(t *testing.T) {
 	t.Parallel()
 
-	t.Run("ClosedDB", func(t *testing.T) {
-		t.Parallel()
-		ctx, b := setup(t, nil)
-		require.NoError(t, b.db.Close())
-		_, err := b.store.Get(ctx, "orders", "k1")
-		require.ErrorIs(t, err, idem.ErrStoreUnavailable)
-		_, err = b.store.Claim(ctx, "orders", "k1", fp("a"))
-		require.ErrorIs(t, err, idem.ErrStoreUnavailable)
-		_, err = b.dialect.Begin(ctx)
-		require.ErrorIs(t, err, idem.ErrStoreUnavailable)
-	})
-
 	t.Run("CannotOpen", func(t *testing.T) {
 		t.Parallel()
 		ctx := t.Context()
@@ -399,18 +348,6 @@ func TestErrors(t *testing.T) {
 		require.Equal(t, sqlite3.SQLITE_CANTOPEN, sqliteCode(err)&0xff)
 	})
 
-	t.Run("SQLError", func(t *testing.T) {
-		t.Parallel()
-		ctx, b := setup(t, nil)
-		_, err := b.db.ExecContext(ctx, `DROP TABLE idempotency_keys`)
-		require.NoError(t, err)
-		_, err = b.store.Get(ctx, "orders", "k1")
-		require.Error(t, err)
-		require.NotErrorIs(t, err, idem.ErrStoreUnavailable)
-		require.NotErrorIs(t, err, idem.ErrNotFound)
-		require.Equal(t, sqlite3.SQLITE_ERROR, sqliteCode(err))
-	})
-
 	t.Run("FinishedTx", func(t *testing.T) {
 		t.Parallel()
 		ctx, b := setup(t, nil)
@@ -422,14 +359,6 @@ func TestErrors(t *testing.T) {
 		require.NotErrorIs(t, err, idem.ErrStoreUnavailable)
 	})
 
-	t.Run("NilTx", func(t *testing.T) {
-		t.Parallel()
-		ctx, b := setup(t, nil)
-		_, err := b.store.GetTx(ctx, nil, "orders", "k1")
-		require.Error(t, err)
-		require.Error(t, b.dialect.Commit(ctx, nil))
-		require.Error(t, b.dialect.Rollback(ctx, nil))
-	})
 }
 
 // Times are INTEGER microseconds since the epoch, and come back in UTC.
@@ -458,30 +387,6 @@ func TestTimesStoredAsMicroseconds(t *testing.T) {
 	require.Equal(t, time.UTC, rec.CreatedAt.Location())
 	require.Equal(t, now.Truncate(time.Microsecond).UTC(), rec.CreatedAt)
 	require.Equal(t, time.UTC, rec.ExpiresAt.Location())
-}
-
-// A nil body is stored as an empty BLOB and replayed as an empty, non-nil
-// body; a response without headers stores no header bytes.
-func TestEmptyResponse(t *testing.T) {
-	t.Parallel()
-	ctx, b := setup(t, nil)
-	c, err := b.store.Claim(ctx, "orders", "k1", fp("a"))
-	require.NoError(t, err)
-	require.NoError(t, b.store.Complete(ctx, c, &idem.Response{StatusCode: 204}))
-
-	var bodyType, headerType string
-	require.NoError(t, b.db.QueryRowContext(ctx,
-		`SELECT typeof(response_body), typeof(response_headers) FROM idempotency_keys`).Scan(&bodyType, &headerType))
-	require.Equal(t, "blob", bodyType)
-	require.Equal(t, "null", headerType)
-
-	replay, err := b.store.Claim(ctx, "orders", "k1", fp("a"))
-	require.NoError(t, err)
-	require.False(t, replay.Acquired())
-	require.Equal(t, 204, replay.Replay.Response.StatusCode)
-	require.NotNil(t, replay.Replay.Response.Body)
-	require.Empty(t, replay.Replay.Response.Body)
-	require.Nil(t, replay.Replay.Response.Header)
 }
 
 // seedClaim inserts a processing record for (scope, key) through ex, claimed
@@ -523,307 +428,6 @@ func recordKeys(ctx context.Context, t *testing.T, db *sql.DB) []string {
 	}
 	require.NoError(t, rows.Err())
 	return keys
-}
-
-func TestRenewLease(t *testing.T) {
-	t.Parallel()
-	// A pinned time with nanoseconds: the dialect truncates it to the
-	// microseconds the schema stores.
-	now := time.Date(2030, 1, 2, 3, 4, 5, 678901234, time.UTC)
-
-	// claimed claims "orders"/"k1" at now with a one-minute lease and
-	// returns the record as stored.
-	claimed := func(t *testing.T) (context.Context, *testBundle, *idem.Record) {
-		t.Helper()
-		ctx, b := setup(t, &idem.Config{LeaseDuration: time.Minute, Retention: time.Hour, Now: func() time.Time { return now }})
-		_, err := b.store.Claim(ctx, "orders", "k1", fp("a"))
-		require.NoError(t, err)
-		rec, err := b.store.Get(ctx, "orders", "k1")
-		require.NoError(t, err)
-		return ctx, b, rec
-	}
-
-	t.Run("RenewsAndReplacesToken", func(t *testing.T) {
-		t.Parallel()
-		ctx, b, rec := claimed(t)
-		ex := b.dialect.DB()
-		at := now.Add(10*time.Second + 789*time.Nanosecond)
-		d := 2*time.Minute + 1500*time.Nanosecond
-		got, err := ex.RenewLease(ctx, &idem.RenewLeaseParams{
-			Scope: "orders", Key: "k1", Token: rec.Token, NewToken: rec.Token + 1, Duration: d, Now: &at,
-		})
-		require.NoError(t, err)
-		require.Equal(t, time.UTC, got.Location())
-		require.Equal(t, at.Truncate(time.Microsecond).Add(d).Truncate(time.Microsecond), got)
-
-		after, err := b.store.Get(ctx, "orders", "k1")
-		require.NoError(t, err)
-		require.Equal(t, after.LeaseExpiresAt, got, "the returned expiry is the stored one")
-		require.Equal(t, rec.Token+1, after.Token)
-		require.Equal(t, at.Truncate(time.Microsecond), after.UpdatedAt)
-		require.Equal(t, idem.StatusProcessing, after.Status)
-		require.Equal(t, rec.Attempt, after.Attempt)
-		require.Equal(t, rec.CreatedAt, after.CreatedAt)
-		require.Equal(t, rec.ExpiresAt, after.ExpiresAt, "retention is not extended")
-
-		_, err = ex.RenewLease(ctx, &idem.RenewLeaseParams{
-			Scope: "orders", Key: "k1", Token: rec.Token, NewToken: rec.Token, Duration: time.Hour, Now: &at,
-		})
-		require.ErrorIs(t, err, idem.ErrFenced, "the old token no longer matches")
-
-		// A plain renewal keeps the token.
-		at2 := at.Add(time.Minute)
-		got, err = ex.RenewLease(ctx, &idem.RenewLeaseParams{
-			Scope: "orders", Key: "k1", Token: rec.Token + 1, NewToken: rec.Token + 1, Duration: time.Minute, Now: &at2,
-		})
-		require.NoError(t, err)
-		after, err = b.store.Get(ctx, "orders", "k1")
-		require.NoError(t, err)
-		require.Equal(t, after.LeaseExpiresAt, got)
-		require.Equal(t, rec.Token+1, after.Token)
-	})
-
-	t.Run("WrongTokenFenced", func(t *testing.T) {
-		t.Parallel()
-		ctx, b, rec := claimed(t)
-		for _, tok := range []int64{rec.Token - 1, rec.Token + 1} {
-			_, err := b.dialect.DB().RenewLease(ctx, &idem.RenewLeaseParams{
-				Scope: "orders", Key: "k1", Token: tok, NewToken: tok + 10, Duration: time.Hour, Now: &now,
-			})
-			require.ErrorIs(t, err, idem.ErrFenced)
-		}
-		after, err := b.store.Get(ctx, "orders", "k1")
-		require.NoError(t, err)
-		require.Equal(t, rec, after, "a fenced renewal changes nothing")
-	})
-
-	t.Run("CompletedRecordFenced", func(t *testing.T) {
-		t.Parallel()
-		ctx, b, rec := claimed(t)
-		c, err := b.store.Claim(ctx, "orders", "k2", fp("a"))
-		require.NoError(t, err)
-		require.NoError(t, b.store.Complete(ctx, c, &idem.Response{StatusCode: 201}))
-		done, err := b.store.Get(ctx, "orders", "k2")
-		require.NoError(t, err)
-
-		_, err = b.dialect.DB().RenewLease(ctx, &idem.RenewLeaseParams{
-			Scope: "orders", Key: "k2", Token: done.Token, NewToken: done.Token + 1, Duration: time.Hour, Now: &now,
-		})
-		require.ErrorIs(t, err, idem.ErrFenced, "the token matches but the record is final")
-		after, err := b.store.Get(ctx, "orders", "k2")
-		require.NoError(t, err)
-		require.Equal(t, done, after)
-
-		_, err = b.dialect.DB().RenewLease(ctx, &idem.RenewLeaseParams{
-			Scope: "other", Key: "k1", Token: rec.Token, NewToken: rec.Token, Duration: time.Hour, Now: &now,
-		})
-		require.ErrorIs(t, err, idem.ErrFenced, "no record in that scope")
-	})
-
-	t.Run("DatabaseClock", func(t *testing.T) {
-		t.Parallel()
-		ctx, b := setup(t, &idem.Config{LeaseDuration: time.Minute, Retention: time.Hour})
-		_, err := b.store.Claim(ctx, "orders", "k1", fp("a"))
-		require.NoError(t, err)
-		rec, err := b.store.Get(ctx, "orders", "k1")
-		require.NoError(t, err)
-
-		before := time.Now().Truncate(time.Microsecond)
-		got, err := b.dialect.DB().RenewLease(ctx, &idem.RenewLeaseParams{
-			Scope: "orders", Key: "k1", Token: rec.Token, NewToken: rec.Token, Duration: 5 * time.Minute,
-		})
-		after := time.Now()
-		require.NoError(t, err)
-		require.False(t, got.Before(before.Add(5*time.Minute)))
-		require.False(t, got.After(after.Add(5*time.Minute)))
-		stored, err := b.store.Get(ctx, "orders", "k1")
-		require.NoError(t, err)
-		require.Equal(t, stored.LeaseExpiresAt, got)
-	})
-
-	t.Run("InTransaction", func(t *testing.T) {
-		t.Parallel()
-		ctx, b, rec := claimed(t)
-		tx := b.begin(ctx, t)
-		_, err := b.dialect.Tx(tx).RenewLease(ctx, &idem.RenewLeaseParams{
-			Scope: "orders", Key: "k1", Token: rec.Token, NewToken: rec.Token + 1, Duration: time.Hour, Now: &now,
-		})
-		require.NoError(t, err)
-		require.NoError(t, b.dialect.Rollback(ctx, tx))
-		after, err := b.store.Get(ctx, "orders", "k1")
-		require.NoError(t, err)
-		require.Equal(t, rec, after, "the renewal rolled back with the caller's transaction")
-	})
-}
-
-// The retention deadline moves out with a lease renewed past it, never in.
-func TestRenewLeaseExtendsRetention(t *testing.T) {
-	t.Parallel()
-	ctx, b := setup(t, nil)
-	ex := b.dialect.DB()
-	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	seedClaim(ctx, t, ex, "orders", "k1", 1, now, time.Minute, time.Hour)
-	get := func() *idem.Record {
-		t.Helper()
-		rec, err := ex.Get(ctx, &idem.GetParams{Scope: "orders", Key: "k1", Now: &now})
-		require.NoError(t, err)
-		return rec
-	}
-
-	lease, err := ex.RenewLease(ctx, &idem.RenewLeaseParams{
-		Scope: "orders", Key: "k1", Token: 1, NewToken: 1, Duration: 2 * time.Hour, Now: &now,
-	})
-	require.NoError(t, err)
-	rec := get()
-	require.Equal(t, now.Add(2*time.Hour), lease)
-	require.Equal(t, lease, rec.LeaseExpiresAt)
-	require.Equal(t, lease, rec.ExpiresAt, "retention moved out to the lease")
-
-	_, err = ex.RenewLease(ctx, &idem.RenewLeaseParams{
-		Scope: "orders", Key: "k1", Token: 1, NewToken: 1, Duration: time.Minute, Now: &now,
-	})
-	require.NoError(t, err)
-	rec = get()
-	require.Equal(t, now.Add(time.Minute), rec.LeaseExpiresAt)
-	require.Equal(t, now.Add(2*time.Hour), rec.ExpiresAt, "retention never moves in")
-}
-
-// OnlyIfExpired reserves a stale record, and only a stale one.
-func TestRenewLeaseOnlyIfExpired(t *testing.T) {
-	t.Parallel()
-	ctx, b := setup(t, nil)
-	ex := b.dialect.DB()
-	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	seedClaim(ctx, t, ex, "orders", "live", 1, now, time.Minute, time.Hour)
-	seedClaim(ctx, t, ex, "orders", "stale", 1, now.Add(-time.Minute), time.Minute, time.Hour) // lease ends at now
-
-	for _, key := range []string{"live", "stale"} {
-		_, err := ex.RenewLease(ctx, &idem.RenewLeaseParams{
-			Scope: "orders", Key: key, Token: 1, NewToken: 2, Duration: time.Minute, OnlyIfExpired: true, Now: &now,
-		})
-		rec, gerr := ex.Get(ctx, &idem.GetParams{Scope: "orders", Key: key, Now: &now})
-		require.NoError(t, gerr)
-		if key == "live" {
-			require.ErrorIs(t, err, idem.ErrFenced, "a live lease is not reserved")
-			require.Equal(t, int64(1), rec.Token)
-			continue
-		}
-		require.NoError(t, err)
-		require.Equal(t, int64(2), rec.Token)
-		require.Equal(t, now.Add(time.Minute), rec.LeaseExpiresAt)
-	}
-}
-
-// Each takeover condition holds the record back from a takeover that read
-// it before its holder completed or renewed.
-func TestTakeoverConditions(t *testing.T) {
-	t.Parallel()
-	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	takeover := func(ctx context.Context, ex idem.Executor, key string, cond idem.TakeoverCondition) error {
-		return ex.Takeover(ctx, &idem.TakeoverParams{
-			Scope: "orders", Key: key, Token: 1, NewToken: 2, Fingerprint: fp("new"), Attempt: 2,
-			LeaseDuration: time.Minute, Retention: time.Hour, Condition: cond, WaitTimeout: time.Second, Now: &now,
-		})
-	}
-	token := func(ctx context.Context, t *testing.T, db *sql.DB, key string) int64 {
-		t.Helper()
-		var tok int64
-		require.NoError(t, db.QueryRowContext(ctx, `SELECT token FROM idempotency_keys WHERE idempotency_key = ?`, key).Scan(&tok))
-		return tok
-	}
-
-	for _, tc := range []struct {
-		name string
-		cond idem.TakeoverCondition
-		// seed stores key "yes", which the condition lets through, and
-		// the keys in held, which it holds back; every record carries
-		// token 1.
-		seed func(ctx context.Context, t *testing.T, ex idem.Executor)
-		held []string
-	}{
-		{
-			name: "RetentionExpired",
-			cond: idem.TakeoverRetentionExpired,
-			seed: func(ctx context.Context, t *testing.T, ex idem.Executor) {
-				t.Helper()
-				seedClaim(ctx, t, ex, "orders", "yes", 1, now.Add(-time.Hour), time.Minute, time.Hour) // expires at now
-				// Completed a moment ago: same token, deadline moved out.
-				seedCompleted(ctx, t, ex, "orders", "no", idem.StatusSucceeded, now, time.Hour)
-			},
-			held: []string{"no"},
-		},
-		{
-			name: "LeaseExpired",
-			cond: idem.TakeoverLeaseExpired,
-			seed: func(ctx context.Context, t *testing.T, ex idem.Executor) {
-				t.Helper()
-				seedClaim(ctx, t, ex, "orders", "yes", 1, now.Add(-time.Minute), time.Minute, time.Hour) // lease ends at now
-				seedClaim(ctx, t, ex, "orders", "no", 1, now.Add(-time.Minute), 2*time.Minute, time.Hour)
-				seedCompleted(ctx, t, ex, "orders", "done", idem.StatusSucceeded, now.Add(-time.Second), time.Hour)
-			},
-			held: []string{"no", "done"},
-		},
-		{
-			name: "Reserved",
-			cond: idem.TakeoverReserved,
-			seed: func(ctx context.Context, t *testing.T, ex idem.Executor) {
-				t.Helper()
-				seedClaim(ctx, t, ex, "orders", "yes", 1, now, time.Hour, 2*time.Hour) // live lease: the token is enough
-			},
-		},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			ctx, b := setup(t, nil)
-			ex := b.dialect.DB()
-			tc.seed(ctx, t, ex)
-
-			require.NoError(t, takeover(ctx, ex, "yes", tc.cond))
-			rec, err := ex.Get(ctx, &idem.GetParams{Scope: "orders", Key: "yes", Now: &now})
-			require.NoError(t, err)
-			require.Equal(t, int64(2), rec.Token)
-			require.Equal(t, 2, rec.Attempt)
-			require.Equal(t, idem.StatusProcessing, rec.Status)
-			require.True(t, rec.Fingerprint.Equal(fp("new")))
-			require.Equal(t, now.Add(time.Hour), rec.ExpiresAt)
-
-			for _, key := range tc.held {
-				require.ErrorIs(t, takeover(ctx, ex, key, tc.cond), idem.ErrFenced, key)
-				require.Equal(t, int64(1), token(ctx, t, b.db, key), "%s changed", key)
-			}
-			require.ErrorIs(t, takeover(ctx, ex, "yes", tc.cond), idem.ErrFenced, "the token moved on")
-		})
-	}
-
-	t.Run("UnknownCondition", func(t *testing.T) {
-		t.Parallel()
-		ctx, b := setup(t, nil)
-		ex := b.dialect.DB()
-		seedClaim(ctx, t, ex, "orders", "k1", 1, now.Add(-2*time.Hour), time.Minute, time.Hour)
-		err := takeover(ctx, ex, "k1", 0)
-		require.Error(t, err)
-		require.NotErrorIs(t, err, idem.ErrFenced)
-		require.Equal(t, int64(1), token(ctx, t, b.db, "k1"))
-	})
-}
-
-// OnlyIfLeaseExpired releases a stale record, and only a stale one.
-func TestReleaseOnlyIfLeaseExpired(t *testing.T) {
-	t.Parallel()
-	ctx, b := setup(t, nil)
-	ex := b.dialect.DB()
-	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	seedClaim(ctx, t, ex, "orders", "live", 1, now, time.Minute, time.Hour)
-	seedClaim(ctx, t, ex, "orders", "stale", 1, now.Add(-time.Minute), time.Minute, time.Hour)
-
-	release := func(key string) error {
-		return ex.Release(ctx, &idem.ReleaseParams{Scope: "orders", Key: key, Token: 1, OnlyIfLeaseExpired: true, Now: &now})
-	}
-	require.ErrorIs(t, release("live"), idem.ErrFenced, "a holder that renewed keeps its key")
-	require.NoError(t, release("stale"))
-	require.Equal(t, []string{"live"}, recordKeys(ctx, t, b.db))
-	require.NoError(t, ex.Release(ctx, &idem.ReleaseParams{Scope: "orders", Key: "live", Token: 1}),
-		"without the option the lease does not matter")
 }
 
 // On the pool, RenewLease and Takeover wait for the write lock up to their
@@ -876,71 +480,9 @@ func TestLeaseWritesWaitBoundedByWaitTimeout(t *testing.T) {
 	require.NoError(t, err)
 }
 
-func TestListStaleLeases(t *testing.T) {
-	t.Parallel()
-	ctx, b := setup(t, nil)
-	ex := b.dialect.DB()
-	base := time.Now().Truncate(time.Microsecond)
-	pinned := base.Add(123 * time.Nanosecond) // truncated to base
-
-	// Inserted out of lease order; "a" in another scope.
-	seedClaim(ctx, t, ex, "orders", "c", 3, base.Add(-time.Minute), time.Minute, time.Hour)       // lease ends at now: stale
-	seedClaim(ctx, t, ex, "t2", "a", 1, base.Add(-10*time.Minute), 7*time.Minute, time.Hour)      // lease ended 3m ago
-	seedClaim(ctx, t, ex, "orders", "live", 4, base, time.Minute, time.Hour)                      // lease runs
-	seedClaim(ctx, t, ex, "orders", "b", 2, base.Add(-2*time.Minute), time.Minute, time.Hour)     // lease ended 1m ago
-	seedClaim(ctx, t, ex, "orders", "retired", 5, base.Add(-2*time.Hour), time.Minute, time.Hour) // retention ended
-	seedClaim(ctx, t, ex, "orders", "retiredNow", 6, base.Add(-time.Hour), time.Minute, time.Hour)
-	seedCompleted(ctx, t, ex, "orders", "succeeded", idem.StatusSucceeded, base.Add(-10*time.Minute), time.Hour)
-	seedCompleted(ctx, t, ex, "orders", "failed", idem.StatusFailed, base.Add(-10*time.Minute), time.Hour)
-
-	keys := func(recs []*idem.Record) []string {
-		out := []string{}
-		for _, r := range recs {
-			out = append(out, r.Key)
-		}
-		return out
-	}
-
-	recs, now, err := ex.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 10, Now: &pinned})
-	require.NoError(t, err)
-	require.Equal(t, base.UTC(), now, "the pinned now, truncated to microseconds")
-	require.Equal(t, []string{"a", "b", "c"}, keys(recs), "oldest lease first")
-	require.Equal(t, "t2", recs[0].Scope)
-	require.Equal(t, int64(1), recs[0].Token)
-	require.Equal(t, idem.StatusProcessing, recs[0].Status)
-	require.Equal(t, base.Add(-3*time.Minute).UTC(), recs[0].LeaseExpiresAt)
-	require.Equal(t, base.Add(-10*time.Minute+time.Hour).UTC(), recs[0].ExpiresAt)
-	require.True(t, recs[0].Fingerprint.Equal(fp("a")))
-	require.Nil(t, recs[0].Response)
-
-	recs, _, err = ex.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 2, Now: &pinned})
-	require.NoError(t, err)
-	require.Equal(t, []string{"a", "b"}, keys(recs))
-
-	recs, _, err = ex.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 0, Now: &pinned})
-	require.NoError(t, err)
-	require.Empty(t, recs)
-
-	_, _, err = ex.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: -1, Now: &pinned})
-	require.Error(t, err, "a negative limit is not 'no limit'")
-
-	// The database's clock: a little after base, which changes nothing here.
-	before := time.Now().Truncate(time.Microsecond)
-	recs, now, err = ex.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 10})
-	require.NoError(t, err)
-	require.Equal(t, time.UTC, now.Location())
-	require.False(t, now.Before(before))
-	require.False(t, now.After(time.Now()))
-	require.Equal(t, []string{"a", "b", "c"}, keys(recs))
-
-	// Inside a transaction, through the caller's Executor.
-	tx := b.begin(ctx, t)
-	recs, _, err = b.dialect.Tx(tx).ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: 1, Now: &pinned})
-	require.NoError(t, err)
-	require.Equal(t, []string{"a"}, keys(recs))
-}
-
-func TestDeleteExpired(t *testing.T) {
+// TestDeleteExpiredWriteLock: the reaper's delete and SQLite's single write
+// lock, which has no queue. (What it deletes is a conformance case.)
+func TestDeleteExpiredWriteLock(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2030, 1, 2, 3, 4, 5, 678901000, time.UTC)
 
@@ -956,57 +498,6 @@ func TestDeleteExpired(t *testing.T) {
 		seedClaim(ctx, t, ex, "orders", "live1", 6, now.Add(-time.Hour+time.Microsecond), time.Minute, time.Hour) // 1µs left
 		seedCompleted(ctx, t, ex, "orders", "live2", idem.StatusSucceeded, now, time.Hour)
 	}
-	del := func(ctx context.Context, t *testing.T, ex idem.Executor, limit int) int {
-		t.Helper()
-		pinned := now.Add(999 * time.Nanosecond) // truncated to now
-		n, err := ex.DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: limit, Now: &pinned})
-		require.NoError(t, err)
-		return n
-	}
-
-	t.Run("Batches", func(t *testing.T) {
-		t.Parallel()
-		ctx, b := setup(t, nil)
-		ex := b.dialect.DB()
-		seed(ctx, t, ex)
-
-		require.Zero(t, del(ctx, t, ex, 0))
-		_, err := ex.DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: -1, Now: &now})
-		require.Error(t, err, "a negative limit is not 'no limit'")
-		require.Len(t, recordKeys(ctx, t, b.db), 7)
-
-		require.Equal(t, 2, del(ctx, t, ex, 2))
-		require.Equal(t, []string{"e3", "e4", "e5", "live1", "live2"}, recordKeys(ctx, t, b.db), "earliest deadline first")
-		require.Equal(t, 2, del(ctx, t, ex, 2))
-		require.Equal(t, []string{"e5", "live1", "live2"}, recordKeys(ctx, t, b.db))
-		require.Equal(t, 1, del(ctx, t, ex, 10), "expires_at = now is expired")
-		require.Zero(t, del(ctx, t, ex, 10))
-		require.Equal(t, []string{"live1", "live2"}, recordKeys(ctx, t, b.db))
-	})
-
-	t.Run("DatabaseClock", func(t *testing.T) {
-		t.Parallel()
-		ctx, b := setup(t, nil)
-		ex := b.dialect.DB()
-		wall := time.Now()
-		seedClaim(ctx, t, ex, "orders", "old", 1, wall.Add(-2*time.Hour), time.Minute, time.Hour)
-		seedClaim(ctx, t, ex, "orders", "new", 2, wall, time.Minute, time.Hour)
-		n, err := ex.DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: 10})
-		require.NoError(t, err)
-		require.Equal(t, 1, n)
-		require.Equal(t, []string{"new"}, recordKeys(ctx, t, b.db))
-	})
-
-	t.Run("InTransaction", func(t *testing.T) {
-		t.Parallel()
-		ctx, b := setup(t, nil)
-		seed(ctx, t, b.dialect.DB())
-		tx := b.begin(ctx, t)
-		require.Equal(t, 5, del(ctx, t, b.dialect.Tx(tx), 10))
-		require.NoError(t, b.dialect.Rollback(ctx, tx))
-		require.Len(t, recordKeys(ctx, t, b.db), 7, "the delete rolled back with the caller's transaction")
-	})
-
 	// SQLite has no row locks: while another transaction holds the write
 	// lock, the pool's delete queues for it (up to the DSN's busy timeout)
 	// instead of failing at once, then runs.
@@ -1221,4 +712,19 @@ func TestTxOfAnotherDB(t *testing.T) {
 		require.Equal(t, idem.StatusSucceeded, rec.Status)
 		require.Equal(t, key, string(rec.Response.Body))
 	}
+}
+
+// TestNegativeLimitRefused: SQLite reads LIMIT -1 as no limit at all; the
+// dialect refuses a negative limit rather than reap or list everything.
+func TestNegativeLimitRefused(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t, nil)
+	ex := b.dialect.DB()
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	seedClaim(ctx, t, ex, "orders", "expired", 1, now.Add(-2*time.Hour), time.Minute, time.Hour)
+	_, err := ex.DeleteExpired(ctx, &idem.DeleteExpiredParams{Limit: -1, Now: &now})
+	require.Error(t, err)
+	_, _, err = ex.ListStaleLeases(ctx, &idem.ListStaleLeasesParams{Limit: -1, Now: &now})
+	require.Error(t, err)
+	require.Equal(t, []string{"expired"}, recordKeys(ctx, t, b.db))
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -45,6 +46,32 @@ func PostgresURL(t testing.TB) string {
 	}
 	requireReachable(t, "PostgreSQL", "IDEM_TEST_POSTGRES_URL", host)
 	return raw
+}
+
+// PostgresExecModes returns the pgx exec modes the postgres tests run
+// under, by their default_query_exec_mode names: IDEM_TEST_POSTGRES_EXEC_MODES
+// (comma separated), or cache_statement and simple_protocol. Through a
+// transaction pooler, cache_statement is not among the safe ones.
+func PostgresExecModes() []string {
+	raw := strings.TrimSpace(os.Getenv("IDEM_TEST_POSTGRES_EXEC_MODES"))
+	if raw == "" {
+		return []string{"cache_statement", "simple_protocol"}
+	}
+	var modes []string
+	for m := range strings.SplitSeq(raw, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			modes = append(modes, m)
+		}
+	}
+	return modes
+}
+
+// PostgresPooler reports whether IDEM_TEST_POSTGRES_URL leads through a
+// transaction pooler (IDEM_TEST_POSTGRES_POOLER=transaction, set by
+// .ci/pgbouncer.sh): session state then does not last past a transaction,
+// and startup parameters such as search_path are refused.
+func PostgresPooler() bool {
+	return os.Getenv("IDEM_TEST_POSTGRES_POOLER") == "transaction"
 }
 
 // MySQLDSN returns IDEM_TEST_MYSQL_DSN or the default (a go-sql-driver DSN),
