@@ -44,7 +44,7 @@ const (
 // [Middleware.Tx] (the package documentation's "Leased mode").
 //
 // Wrap the handlers of the routes it protects, as in
-// mux.Handle("POST /orders", mw.Wrap(createOrder)), so that r.Pattern names
+// mux.Handle("POST /orders", mw.Wrap(h)), so that r.Pattern names
 // the operation; wrapped around a whole mux it sees no pattern and uses the
 // request path instead (see [RouteOperation] and Config.Operation).
 //
