@@ -178,3 +178,14 @@ func Classify(err error) error {
 	}
 	return err
 }
+
+// ErrorCode returns the SQLSTATE of the server error in err's chain, or ""
+// if there is none. The Store logs it in place of the error's text, which
+// can quote values.
+func (d *Dialect) ErrorCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}

@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strconv"
 
 	msqlite "modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -123,4 +124,15 @@ func isSQLiteError(err error) bool {
 func isBusy(err error) bool {
 	var serr *msqlite.Error
 	return errors.As(err, &serr) && serr.Code()&0xff == sqlite3.SQLITE_BUSY
+}
+
+// ErrorCode returns the extended result code of the SQLite error in err's
+// chain, or "" if there is none. The Store logs it in place of the error's
+// text.
+func (d *Dialect) ErrorCode(err error) string {
+	var serr *msqlite.Error
+	if errors.As(err, &serr) {
+		return strconv.Itoa(serr.Code())
+	}
+	return ""
 }
