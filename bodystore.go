@@ -500,3 +500,13 @@ func DoClaim(ctx context.Context) *Claim {
 	out := *c
 	return &out
 }
+
+// BodyStoreThreshold returns Config.InlineBodyMax when the store has a
+// BodyStore, and -1 when it has none: for a caller (idemhttp) that streams
+// bodies larger than this to [Store.PutBody] while they are written.
+func (s *Store[TTx]) BodyStoreThreshold() int {
+	if s.cfg.BodyStore == nil {
+		return -1
+	}
+	return s.cfg.InlineBodyMax
+}
