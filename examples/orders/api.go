@@ -48,6 +48,7 @@ func (a *api[TTx]) routes(store *idem.Store[TTx], logger *slog.Logger) http.Hand
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", idempotent(http.HandlerFunc(a.create)))
 	mux.Handle("POST /payments", idempotentOutside(http.HandlerFunc(a.pay)))
+	mux.Handle("POST /exports", idempotent(http.HandlerFunc(a.export)))
 	mux.HandleFunc("GET /orders/{id}", a.get)
 	mux.HandleFunc("GET /orders", a.list)
 	// Authentication runs first, around everything.
