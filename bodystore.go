@@ -510,3 +510,28 @@ func (s *Store[TTx]) BodyStoreThreshold() int {
 	}
 	return s.cfg.InlineBodyMax
 }
+
+// LoadBody returns resp with its body in Body: resp itself for an inline
+// body, or a copy holding the object its BodyRef names, read and checked
+// by [Store.OpenBody] (its errors: ErrCorruptRecord, ErrBodyUnavailable).
+// For callers that answer from memory anyway (a gRPC message, a queue's
+// result); the object's size is bounded by Config.MaxResponseBytes when it
+// was stored. A caller that ignored BodyRef would replay an empty body.
+func (s *Store[TTx]) LoadBody(ctx context.Context, resp *Response) (*Response, error) {
+	if resp == nil || resp.BodyRef == nil {
+		return resp, nil
+	}
+	rc, err := s.OpenBody(ctx, resp)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	body := make([]byte, 0, resp.BodyRef.Length)
+	buf := bytes.NewBuffer(body)
+	if _, err := buf.ReadFrom(rc); err != nil {
+		return nil, err
+	}
+	out := *resp
+	out.Body, out.BodyRef = buf.Bytes(), nil
+	return &out, nil
+}
