@@ -116,9 +116,10 @@ func TestLargeResponseStreamedToBodyStore(t *testing.T) {
 	for _, mode := range []idemhttp.Mode{idemhttp.Transactional, idemhttp.Leased} {
 		t.Run(mode.String(), func(t *testing.T) {
 			calls = 0
-			mw := idemhttp.New(store, &idemhttp.Config{Mode: mode, MaxResponseBytes: 200 << 20,
+			mw, err := idemhttp.New(store, &idemhttp.Config{Mode: mode, MaxResponseBytes: 200 << 20,
 				Tenant: func(*http.Request) (string, error) { return "acme", nil }})
-			srv := httptest.NewServer(mw(handler))
+			require.NoError(t, err)
+			srv := httptest.NewServer(mw.Wrap(handler))
 			defer srv.Close()
 			key := "export-" + mode.String()
 			post := func() (*http.Response, [32]byte, int64) {
@@ -176,8 +177,9 @@ func TestBodyStoreDownAnswers503(t *testing.T) {
 	require.NoError(t, err)
 	store, err := idem.New(idemsqlite.New(db), &idem.Config{BodyStore: bs, InlineBodyMax: 1 << 10})
 	require.NoError(t, err)
-	mw := idemhttp.New(store, &idemhttp.Config{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
-	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw, err := idemhttp.New(store, &idemhttp.Config{Tenant: func(*http.Request) (string, error) { return "acme", nil }})
+	require.NoError(t, err)
+	srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, _ := idemhttp.Tx[*sql.Tx](r.Context())
 		if _, err := tx.ExecContext(r.Context(), `INSERT INTO orders DEFAULT VALUES`); err != nil {
 			http.Error(w, "no", 500)

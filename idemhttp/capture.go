@@ -50,6 +50,9 @@ type capture struct {
 	spilled *spill
 	ref     *idem.BodyRef
 	putErr  error
+	// unwritten is set by finish when the handler wrote neither a status
+	// nor a body.
+	unwritten bool
 }
 
 func newCapture(limit int) *capture {
@@ -112,6 +115,7 @@ func (c *capture) Write(p []byte) (int, error) {
 // the server would have, so that the original and its replays agree).
 func (c *capture) finish() {
 	if c.status == 0 {
+		c.unwritten = true
 		c.WriteHeader(http.StatusOK)
 	}
 	c.sniff()
