@@ -169,9 +169,13 @@ func (s *Store[TTx]) resolveStale(ctx context.Context, exec Executor, rec *Recor
 		if v.Failed {
 			status = StatusFailed
 		}
-		err := exec.Complete(ctx, &CompleteParams{
+		resp, err := s.storeBody(ctx, rec.Scope, rec.Key, tok, v.Response)
+		if err != nil {
+			return "", 0, err
+		}
+		err = exec.Complete(ctx, &CompleteParams{
 			Scope: rec.Scope, Key: rec.Key, Token: tok, Status: status,
-			Response: v.Response, Retention: s.cfg.Retention, Now: s.now(),
+			Response: resp, Retention: s.cfg.Retention, Now: s.now(),
 		})
 		if err != nil {
 			return "", 0, err

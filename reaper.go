@@ -38,6 +38,16 @@ type ReaperConfig struct {
 	// It is called from the reaper's goroutine and must not block for long.
 	// Defaults to nil; passes are logged through Config.Logger either way.
 	OnReport func(ReapReport)
+	// BodyGrace is the grace period of the reaper's sweep of the store's
+	// BodyStore ([Store.SweepBodies]), made at most once per BodySweepEvery:
+	// objects no record names, written longer ago than this, are deleted.
+	// Defaults to 1h.
+	BodyGrace time.Duration
+	// BodySweepEvery is the least time between two sweeps of the
+	// BodyStore, each of which lists every object and looks up, through
+	// the digest index, the record of each one older than BodyGrace.
+	// Defaults to 1h.
+	BodySweepEvery time.Duration
 }
 
 const (
@@ -65,6 +75,8 @@ type ReapReport struct {
 	Unresolved int
 	// Errors counts failed statements. The pass goes on after an error.
 	Errors int
+	// BodiesDeleted counts objects the pass's sweep of the BodyStore deleted.
+	BodiesDeleted int
 }
 
 // Reaper deletes records past their retention deadline, in batches, and
@@ -78,6 +90,7 @@ type ReapReport struct {
 type Reaper[TTx any] struct {
 	store *Store[TTx]
 	cfg   ReaperConfig
+	sweep bodySweep
 }
 
 // NewReaper returns a Reaper over store. It starts nothing: call
@@ -107,6 +120,9 @@ func NewReaper[TTx any](store *Store[TTx], cfg *ReaperConfig) (*Reaper[TTx], err
 	}
 	if c.StaleLimit == 0 {
 		c.StaleLimit = defaultReapStaleLimit
+	}
+	if err := c.bodyDefaults(); err != nil {
+		return nil, err
 	}
 	return &Reaper[TTx]{store: store, cfg: c}, nil
 }
@@ -209,11 +225,18 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 			rep.Unresolved++
 		}
 	}
+	if ctx.Err() == nil {
+		n, err := r.sweepBodies(ctx)
+		rep.BodiesDeleted = n
+		if err != nil {
+			fail(fmt.Errorf("idem: reaper sweep bodies: %w", err))
+		}
+	}
 	r.store.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reaper pass",
 		slog.String("dialect", r.store.dialect.Name()),
 		slog.Int("deleted", rep.Deleted), slog.Int("finalised", rep.Finalised),
 		slog.Int("handed_over", rep.HandedOver), slog.Int("unknown", rep.Unknown),
-		slog.Int("unresolved", rep.Unresolved), slog.Int("errors", rep.Errors))
+		slog.Int("unresolved", rep.Unresolved), slog.Int("bodies_deleted", rep.BodiesDeleted), slog.Int("errors", rep.Errors))
 	return rep, firstErr
 }
 

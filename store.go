@@ -110,6 +110,19 @@ type Config struct {
 	// completing gets charged twice. Must not be combined with StatusCheck.
 	// Defaults to false.
 	BlindTakeover bool
+
+	// BodyStore, when set, keeps response bodies larger than InlineBodyMax
+	// out of the record: the body is written there before the record
+	// commits, and the record holds its address, length and SHA-256 (see
+	// [BodyStore], [Store.OpenBody]). Replays of such records carry
+	// Response.BodyRef and an empty Body. Defaults to nil: every body is
+	// stored inline.
+	BodyStore BodyStore
+
+	// InlineBodyMax is the largest body stored in the record when a
+	// BodyStore is set. Defaults to 64 KiB ([DefaultInlineBodyMax]), or
+	// MaxResponseBytes if that is smaller.
+	InlineBodyMax int
 }
 
 const (
@@ -156,6 +169,9 @@ func (c *Config) withDefaults() Config {
 	if out.MaxResponseHeaderBytes == 0 {
 		out.MaxResponseHeaderBytes = DefaultMaxResponseHeaderBytes
 	}
+	if out.InlineBodyMax == 0 {
+		out.InlineBodyMax = min(DefaultInlineBodyMax, out.MaxResponseBytes)
+	}
 	return out
 }
 
@@ -175,6 +191,8 @@ func (c *Config) validate() error {
 		return errors.New("idem: Config.MaxResponseBytes must not be negative")
 	case c.MaxResponseHeaderBytes < 0:
 		return errors.New("idem: Config.MaxResponseHeaderBytes must not be negative")
+	case c.InlineBodyMax < 0 || c.InlineBodyMax > c.MaxResponseBytes:
+		return errors.New("idem: Config.InlineBodyMax must be between 0 and Config.MaxResponseBytes")
 	case c.StatusCheck != nil && c.BlindTakeover:
 		return errors.New("idem: Config.BlindTakeover and Config.StatusCheck exclude each other")
 	}
@@ -540,7 +558,7 @@ func (s *Store[TTx]) FailTx(ctx context.Context, tx TTx, c *Claim, resp *Respons
 }
 
 func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, status Status, resp *Response) error {
-	p, err := s.completeParams(c, status, resp)
+	p, err := s.completeParams(ctx, c, status, resp)
 	if err != nil {
 		return err
 	}
@@ -554,7 +572,7 @@ func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, stat
 // completeCommit is complete followed by the commit of tx, both through
 // pipe.CompleteCommit in one round trip.
 func (s *Store[TTx]) completeCommit(ctx context.Context, pipe TxPipeliner[TTx], tx TTx, c *Claim, status Status, resp *Response) error {
-	p, err := s.completeParams(c, status, resp)
+	p, err := s.completeParams(ctx, c, status, resp)
 	if err != nil {
 		return err
 	}
@@ -567,12 +585,16 @@ func (s *Store[TTx]) completeCommit(ctx context.Context, pipe TxPipeliner[TTx], 
 
 // completeParams checks what complete and completeCommit were given and
 // builds the parameters both send.
-func (s *Store[TTx]) completeParams(c *Claim, status Status, resp *Response) (*CompleteParams, error) {
+func (s *Store[TTx]) completeParams(ctx context.Context, c *Claim, status Status, resp *Response) (*CompleteParams, error) {
 	if err := validateClaim(c); err != nil {
 		return nil, err
 	}
 	if err := s.validateResponse(resp); err != nil {
 		return nil, fmt.Errorf("idem: complete key %s: %w", digest.Key(c.Scope, c.Key), err)
+	}
+	resp, err := s.storeBody(ctx, c.Scope, c.Key, c.Token, resp)
+	if err != nil {
+		return nil, err
 	}
 	return &CompleteParams{
 		Scope:          c.Scope,
@@ -788,7 +810,7 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 // commits nor rolls back; otherwise it completes and commits through
 // pipe.CompleteCommit.
 func (s *Store[TTx]) runAndComplete(ctx context.Context, tx TTx, c *Claim, fn func(ctx context.Context, tx TTx) (*Response, error), pipe TxPipeliner[TTx]) (*Result, error) {
-	resp, err := fn(ctx, tx)
+	resp, err := fn(withDoClaim(ctx, c), tx)
 	status := StatusSucceeded
 	if final, ok := errors.AsType[*FinalFailureError](err); ok {
 		resp, err, status = final.Response, nil, StatusFailed

@@ -131,6 +131,9 @@ func (s *Store[TTx]) validateResponse(r *Response) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
+	if err := s.validateBodyRef(r); err != nil {
+		return err
+	}
 	if len(r.Body) > s.cfg.MaxResponseBytes {
 		return &InvalidResponseError{Field: "Body", Reason: fmt.Sprintf(
 			"%d bytes, more than Config.MaxResponseBytes (%d)", len(r.Body), s.cfg.MaxResponseBytes)}
@@ -151,6 +154,9 @@ func checkRecord(rec *Record, kd string) error {
 	}
 	if rec.Response == nil {
 		return &CorruptRecordError{KeyDigest: kd, Reason: "completed without a response"}
+	}
+	if err := decodeBodyRef(rec, kd); err != nil {
+		return err
 	}
 	if err := rec.Response.Validate(); err != nil {
 		field := "Response"

@@ -78,6 +78,8 @@ func (m *middleware[TTx]) serveLeased(w http.ResponseWriter, rq *request) {
 
 	a := &attempt{lease: lease, begin: run.begin, key: rq.key, scope: rq.scope, requestID: rq.requestID}
 	cw := m.newCapture(w, rq, a)
+	m.spillTo(cw, m.putFunc(ctx, lease.Claim()))
+	defer cw.abortSpill() // a panic of the handler
 	returned := false
 	defer func() {
 		if returned {
@@ -104,6 +106,7 @@ func (l *leasedRun[TTx]) finish(w http.ResponseWriter, rq *request, cw *capture,
 	tx, begun := l.close()
 	renewErr := l.stopRenewals()
 	storable := cw.status < 400 || final
+	spillErr := cw.endSpill(storable && !cw.streamed && renewErr == nil && l.beginErr == nil)
 	switch {
 	case cw.streamed:
 		// A failure too large to buffer, already on its way to the client:
@@ -144,6 +147,11 @@ func (l *leasedRun[TTx]) finish(w http.ResponseWriter, rq *request, cw *capture,
 		}
 		m.send(w, rq, cw)
 		m.log(rq, outcome, cw.status)
+	case spillErr != nil:
+		// The body store failed while the handler wrote: nothing stored.
+		l.rollback(tx, begun)
+		_ = l.release()
+		m.failClaim(w, rq, spillErr)
 	case cw.tooLarge():
 		l.rollback(tx, begun)
 		_ = l.release()
@@ -159,7 +167,7 @@ func (l *leasedRun[TTx]) finish(w http.ResponseWriter, rq *request, cw *capture,
 func (l *leasedRun[TTx]) complete(w http.ResponseWriter, rq *request, cw *capture, tx TTx, begun bool) {
 	m := l.m
 	failed := cw.status >= 400 // and marked final: stored as a final failure
-	resp := &idem.Response{StatusCode: cw.status, Header: m.replayable(cw.sent), Body: cw.body.Bytes()}
+	resp := &idem.Response{StatusCode: cw.status, Header: m.replayable(cw.sent), Body: cw.body.Bytes(), BodyRef: cw.ref}
 	var err error
 	switch {
 	case !begun && failed:

@@ -222,8 +222,14 @@ func (m *middleware[TTx]) serveTransactional(w http.ResponseWriter, rq *request)
 	res, err := m.store.Do(ctx, rq.scope, rq.key, rq.fp, func(ctx context.Context, tx TTx) (*idem.Response, error) {
 		a := &attempt{tx: tx, key: rq.key, scope: rq.scope, requestID: rq.requestID}
 		cw := m.newCapture(w, rq, a)
+		m.spillTo(cw, m.putFunc(ctx, idem.DoClaim(ctx)))
+		defer cw.abortSpill() // a panic of the handler
 		last = cw
 		m.runHandler(cw, rq, context.WithValue(ctx, attemptKey{}, a), a)
+		keep := !a.retry.Load() && (cw.status < 400 || a.final.Load())
+		if err := cw.endSpill(keep); err != nil {
+			return nil, err
+		}
 		switch {
 		case a.retry.Load():
 			return nil, errRetryRequested
@@ -234,7 +240,7 @@ func (m *middleware[TTx]) serveTransactional(w http.ResponseWriter, rq *request)
 		case cw.tooLarge():
 			return nil, errTooLargeToStore
 		}
-		resp := &idem.Response{StatusCode: cw.status, Header: m.replayable(cw.sent), Body: cw.body.Bytes()}
+		resp := &idem.Response{StatusCode: cw.status, Header: m.replayable(cw.sent), Body: cw.body.Bytes(), BodyRef: cw.ref}
 		if cw.status >= 400 {
 			return nil, idem.FinalFailure(resp)
 		}
@@ -394,6 +400,10 @@ func (m *middleware[TTx]) send(w http.ResponseWriter, rq *request, c *capture) {
 	if c.streamed {
 		return
 	}
+	if c.ref != nil {
+		m.sendBody(rq.r.Context(), w, rq, &idem.Response{StatusCode: c.status, BodyRef: c.ref}, func() { m.writeHead(w, rq, c) })
+		return
+	}
 	m.writeHead(w, rq, c)
 	_, _ = w.Write(c.body.Bytes())
 }
@@ -416,14 +426,22 @@ func (m *middleware[TTx]) replay(w http.ResponseWriter, rq *request, resp *idem.
 		m.failRecordInvalid(w, rq)
 		return
 	}
-	defer m.log(rq, "replayed", resp.StatusCode)
-	h := w.Header()
-	for k, v := range m.replayable(resp.Header) {
-		h[k] = v
+	head := func() {
+		h := w.Header()
+		for k, v := range m.replayable(resp.Header) {
+			h[k] = v
+		}
+		h.Set(m.cfg.ReplayedHeader, "true")
+		h.Set(requestIDHeader, rq.requestID)
+		w.WriteHeader(resp.StatusCode)
 	}
-	h.Set(m.cfg.ReplayedHeader, "true")
-	h.Set(requestIDHeader, rq.requestID)
-	w.WriteHeader(resp.StatusCode)
+	if resp.BodyRef != nil {
+		// Logged as replayed only once the object was found intact.
+		m.sendBody(rq.r.Context(), w, rq, resp, func() { head(); m.log(rq, "replayed", resp.StatusCode) })
+		return
+	}
+	defer m.log(rq, "replayed", resp.StatusCode)
+	head()
 	_, _ = w.Write(resp.Body)
 }
 

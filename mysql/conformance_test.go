@@ -339,3 +339,6 @@ func (n *namespace) countRecords(ctx context.Context) (int, error) {
 	err := n.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+n.name+".idempotency_keys").Scan(&c)
 	return c, err
 }
+
+// TestLargeBody is not parallel: it measures the process's heap.
+func TestLargeBody(t *testing.T) { conformance.RunLargeBody(t, newHarness(t, "Detected")) }

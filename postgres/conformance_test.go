@@ -284,3 +284,9 @@ func connect(ctx context.Context, t *testing.T, url string, mode pgx.QueryExecMo
 	t.Cleanup(pool.Close)
 	return pool
 }
+
+// TestLargeBody is not parallel: it measures the process's heap.
+func TestLargeBody(t *testing.T) {
+	testdb.PostgresURL(t)
+	conformance.RunLargeBody(t, &harness{modeName: execModes[0].name, mode: defaultMode})
+}

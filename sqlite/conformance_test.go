@@ -134,3 +134,6 @@ func openDBAt(ctx context.Context, t *testing.T, path string) *sql.DB {
 	require.NoError(t, err)
 	return db
 }
+
+// TestLargeBody is not parallel: it measures the process's heap.
+func TestLargeBody(t *testing.T) { conformance.RunLargeBody(t, harness{}) }

@@ -56,6 +56,7 @@ func (a *api[TTx]) routes(store *idem.Store[TTx], logger *slog.Logger) (http.Han
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", a.idem.Wrap(http.HandlerFunc(a.create)))
 	mux.Handle("POST /payments", a.idemOutside.Wrap(http.HandlerFunc(a.pay)))
+	mux.Handle("POST /exports", a.idem.Wrap(http.HandlerFunc(a.export)))
 	mux.HandleFunc("GET /orders/{id}", a.get)
 	mux.HandleFunc("GET /orders", a.list)
 	// Authentication runs first, around everything.

@@ -187,7 +187,16 @@ func newDatabase[TTx any](dialect, describe string, d idem.Dialect[TTx], orders 
 		close:    closeFn,
 		service: func(ctx context.Context, o *options, logger *slog.Logger) (*service, error) {
 			prov := newProvider(o.providerDelay, o.providerURL)
+			bodies, err := openBodyStore(o.bodyDir)
+			if err != nil {
+				return nil, err
+			}
 			store, err := idem.New(d, &idem.Config{
+				// POST /exports' CSV, once over InlineBodyMax, is kept
+				// in the body store; the record holds its address and
+				// SHA-256, and the reaper sweeps it after the record.
+				BodyStore:     bodies,
+				InlineBodyMax: o.inlineBodyMax,
 				LeaseDuration: o.lease,
 				Retention:     o.retention,
 				WaitTimeout:   o.waitTimeout,
@@ -200,7 +209,7 @@ func newDatabase[TTx any](dialect, describe string, d idem.Dialect[TTx], orders 
 			if err != nil {
 				return nil, err
 			}
-			reaper, err := idem.NewReaper(store, &idem.ReaperConfig{Interval: o.reapInterval})
+			reaper, err := idem.NewReaper(store, &idem.ReaperConfig{Interval: o.reapInterval, BodySweepEvery: o.retention})
 			if err != nil {
 				return nil, err
 			}

@@ -23,6 +23,9 @@
 //	POST /payments      Idempotency-Key, {"amount_cents": N}
 //	                    → 201, Location: /payments/{id}, the payment, charged once
 //	                    at a (fake, in-memory) payment provider
+//	POST /exports       Idempotency-Key → 201, a CSV of the tenant's orders; over
+//	                    -inline-body-max it is kept in the body store (-bodies) and
+//	                    a retry replays it from there, byte for byte
 //
 // Every request carries Authorization: Bearer <token>; the tenant it acts
 // for is the token's (auth.go), never a header the client picks, because a
@@ -75,6 +78,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/idemstore/idem"
 )
 
 func main() {
@@ -108,7 +113,10 @@ type options struct {
 	tokenSecret string
 	// faultInjection enables the X-Fault-Crash header (faults.go), a test aid.
 	faultInjection bool
-	demo           bool
+	// bodyDir is the DirBodyStore of responses over inlineBodyMax.
+	bodyDir       string
+	inlineBodyMax int
+	demo          bool
 	// set records the flags given on the command line.
 	set map[string]bool
 }
@@ -129,6 +137,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.providerURL, "provider-url", "", "base URL of an outside payment provider for POST /payments (POST /charges, POST /charges/lookup);\nempty: a fake provider in this process's memory, which forgets its charges when the process dies")
 	fs.StringVar(&o.tokenSecret, "token-secret", os.Getenv("ORDERS_TOKEN_SECRET"), "the secret that signs bearer tokens (default $ORDERS_TOKEN_SECRET; empty: random, printed tokens last as long as the process)")
 	fs.BoolVar(&o.faultInjection, "fault-injection", false, "TEST AID, never in production: honour the X-Fault-Crash request header, which kills the process (SIGKILL) at a chosen stage")
+	fs.StringVar(&o.bodyDir, "bodies", "", "directory of the body store (idem.DirBodyStore) holding response bodies over -inline-body-max, such as POST /exports' CSV;\nempty: a new temporary directory")
+	fs.IntVar(&o.inlineBodyMax, "inline-body-max", idem.DefaultInlineBodyMax, "largest response body stored in the record; larger ones go to the body store (idem.Config.InlineBodyMax)")
 	fs.BoolVar(&o.demo, "demo", false, "serve on a random local port, play a scripted client against it, print a table, and exit;\n-wait-timeout defaults to 300ms (1s on MySQL), -handler-delay to 500ms more, -provider-delay to 500ms")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

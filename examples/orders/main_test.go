@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -484,4 +485,56 @@ func TestTenantComesFromAuthentication(t *testing.T) {
 	require.Empty(t, other.Header.Get("Idempotency-Replayed"), "globex runs its own order, X-Tenant-ID notwithstanding")
 	again, _ := post("Bearer "+testToken("acme"), "")
 	require.Equal(t, "true", again.Header.Get("Idempotency-Replayed"))
+}
+
+// TestExportStoredByReference: POST /exports' CSV, over -inline-body-max,
+// is stored in the body store; a retry with the same key replays it byte
+// for byte (the orders as they were), and a new key sees the new order.
+func TestExportStoredByReference(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db, err := openDatabase(ctx, filepath.Join(t.TempDir(), "orders.db"), "")
+	require.NoError(t, err)
+	t.Cleanup(db.close)
+	bodies := t.TempDir()
+	o, err := parseFlags([]string{"-bodies", bodies, "-inline-body-max", "100"}, io.Discard)
+	require.NoError(t, err)
+	svc, err := db.service(ctx, o, nil)
+	require.NoError(t, err)
+	srv := httptest.NewServer(svc.handler)
+	t.Cleanup(srv.Close)
+	do := func(path, key, body string) (*http.Response, []byte) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, "POST", srv.URL+path, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+svc.token("acme"))
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, b
+	}
+	for i := range 3 {
+		resp, _ := do("/orders", "export-order-"+strconv.Itoa(i), `{"sku":"tea","qty":2,"amount_cents":900}`)
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+	}
+	before, err := os.ReadDir(bodies)
+	require.NoError(t, err)
+	first, csv1 := do("/exports", "export-key-0001", `{}`)
+	require.Equal(t, http.StatusCreated, first.StatusCode, string(csv1))
+	require.Equal(t, 4, strings.Count(string(csv1), "\n"), "a header and three orders")
+	objects, err := os.ReadDir(bodies)
+	require.NoError(t, err)
+	require.Len(t, objects, len(before)+1, "the CSV is in the body store (the 201s of the orders too: over 100 bytes)")
+
+	resp, _ := do("/orders", "export-order-3", `{"sku":"tea","qty":1,"amount_cents":450}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	again, csv2 := do("/exports", "export-key-0001", `{}`)
+	require.Equal(t, "true", again.Header.Get("Idempotency-Replayed"))
+	require.Equal(t, first.Header.Get("Content-Type"), again.Header.Get("Content-Type"))
+	require.Equal(t, csv1, csv2)
+	_, csv3 := do("/exports", "export-key-0002", `{}`)
+	require.Equal(t, 5, strings.Count(string(csv3), "\n"))
 }
