@@ -229,7 +229,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		n, err := r.sweepBodies(ctx)
 		rep.BodiesDeleted = n
 		if err != nil {
-			fail(fmt.Errorf("idem: reaper sweep bodies: %w", err))
+			fail(&reapError{step: "sweep bodies", err: err})
 		}
 	}
 	r.store.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reaper pass",
