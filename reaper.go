@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -39,6 +38,16 @@ type ReaperConfig struct {
 	// It is called from the reaper's goroutine and must not block for long.
 	// Defaults to nil; passes are logged through Config.Logger either way.
 	OnReport func(ReapReport)
+	// BodyGrace is the grace period of the reaper's sweep of the store's
+	// BodyStore ([Store.SweepBodies]), made at most once per BodySweepEvery:
+	// objects no record names, written longer ago than this, are deleted.
+	// Defaults to 1h.
+	BodyGrace time.Duration
+	// BodySweepEvery is the least time between two sweeps of the
+	// BodyStore, each of which lists every object and looks up, through
+	// the digest index, the record of each one older than BodyGrace.
+	// Defaults to 1h.
+	BodySweepEvery time.Duration
 }
 
 const (
@@ -66,6 +75,8 @@ type ReapReport struct {
 	Unresolved int
 	// Errors counts failed statements. The pass goes on after an error.
 	Errors int
+	// BodiesDeleted counts objects the pass's sweep of the BodyStore deleted.
+	BodiesDeleted int
 }
 
 // Reaper deletes records past their retention deadline, in batches, and
@@ -79,6 +90,7 @@ type ReapReport struct {
 type Reaper[TTx any] struct {
 	store *Store[TTx]
 	cfg   ReaperConfig
+	sweep bodySweep
 }
 
 // NewReaper returns a Reaper over store. It starts nothing: call
@@ -109,6 +121,9 @@ func NewReaper[TTx any](store *Store[TTx], cfg *ReaperConfig) (*Reaper[TTx], err
 	if c.StaleLimit == 0 {
 		c.StaleLimit = defaultReapStaleLimit
 	}
+	if err := c.bodyDefaults(); err != nil {
+		return nil, err
+	}
 	return &Reaper[TTx]{store: store, cfg: c}, nil
 }
 
@@ -123,7 +138,7 @@ func (r *Reaper[TTx]) Run(ctx context.Context) error {
 			return nil
 		}
 		if err != nil {
-			r.store.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: reaper pass failed", slog.String("error", err.Error()))
+			r.store.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: reaper pass failed", r.errorAttrs(err)...)
 		}
 		if r.cfg.OnReport != nil {
 			r.cfg.OnReport(report)
@@ -132,6 +147,15 @@ func (r *Reaper[TTx]) Run(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// errorAttrs describes a pass's error for a log record: its step, the key's
+// digest, class and driver code, never the driver's text.
+func (r *Reaper[TTx]) errorAttrs(err error) []slog.Attr {
+	if re, ok := errors.AsType[*reapError](err); ok {
+		return re.logAttrs(r.store)
+	}
+	return r.store.storeErrorAttrs(err)
 }
 
 func (r *Reaper[TTx]) nextDelay() time.Duration {
@@ -166,7 +190,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		n, err := exec.DeleteExpired(ctx, &DeleteExpiredParams{Limit: r.cfg.BatchSize, Now: r.store.now()})
 		rep.Deleted += n
 		if err != nil {
-			fail(fmt.Errorf("idem: reaper delete expired: %w", err))
+			fail(&reapError{step: "delete expired", err: err})
 			break
 		}
 		if n < r.cfg.BatchSize {
@@ -179,7 +203,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 
 	stale, now, err := exec.ListStaleLeases(ctx, &ListStaleLeasesParams{Limit: r.cfg.StaleLimit, Now: r.store.now()})
 	if err != nil {
-		fail(fmt.Errorf("idem: reaper list stale leases: %w", err))
+		fail(&reapError{step: "list stale leases", err: err})
 	}
 	for _, rec := range stale {
 		if ctx.Err() != nil {
@@ -190,7 +214,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		case err == nil && outcome == "":
 			// Another reaper or a claimer took the record first: theirs now.
 		case err != nil:
-			fail(fmt.Errorf("idem: reaper resolve key %s: %w", digest.Key(rec.Scope, rec.Key), err))
+			fail(&reapError{step: "resolve", keyDigest: digest.Key(rec.Scope, rec.Key), err: err})
 		case outcome == resolvedCommitted:
 			rep.Finalised++
 		case outcome == resolvedNotCommitted:
@@ -201,11 +225,18 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 			rep.Unresolved++
 		}
 	}
+	if ctx.Err() == nil {
+		n, err := r.sweepBodies(ctx)
+		rep.BodiesDeleted = n
+		if err != nil {
+			fail(&reapError{step: "sweep bodies", err: err})
+		}
+	}
 	r.store.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reaper pass",
 		slog.String("dialect", r.store.dialect.Name()),
 		slog.Int("deleted", rep.Deleted), slog.Int("finalised", rep.Finalised),
 		slog.Int("handed_over", rep.HandedOver), slog.Int("unknown", rep.Unknown),
-		slog.Int("unresolved", rep.Unresolved), slog.Int("errors", rep.Errors))
+		slog.Int("unresolved", rep.Unresolved), slog.Int("bodies_deleted", rep.BodiesDeleted), slog.Int("errors", rep.Errors))
 	return rep, firstErr
 }
 

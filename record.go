@@ -72,6 +72,11 @@ type Response struct {
 	Header http.Header
 	// Body is replayed byte for byte.
 	Body []byte
+	// BodyRef, when set, names the body kept in the store's BodyStore
+	// (Config.BodyStore) and Body is empty: read it with [Store.OpenBody].
+	// A replay has it for a body stored by reference; a completion may set
+	// it to the reference [Store.PutBody] returned for the same claim.
+	BodyRef *BodyRef
 }
 
 // Record is the stored state of one (scope, key).

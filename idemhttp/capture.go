@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+
+	"github.com/idemstore/idem"
 )
 
 // ErrResponseTooLarge is returned by the handler's ResponseWriter.Write once
@@ -39,6 +42,17 @@ type capture struct {
 	// out receives the rest of the body once streamed is set.
 	out      http.ResponseWriter
 	streamed bool
+	// put, when set, streams a response that may be stored and outgrows
+	// inline bytes to the store's BodyStore (see bodyspill.go); spilled is
+	// that put while it runs, ref its result.
+	put     func(io.Reader) (*idem.BodyRef, error)
+	inline  int
+	spilled *spill
+	ref     *idem.BodyRef
+	putErr  error
+	// unwritten is set by finish when the handler wrote neither a status
+	// nor a body.
+	unwritten bool
 }
 
 func newCapture(limit int) *capture {
@@ -78,6 +92,8 @@ func (c *capture) Write(p []byte) (int, error) {
 		return c.out.Write(p)
 	case c.overflow:
 		return 0, ErrResponseTooLarge
+	case c.spilled != nil || (c.put != nil && c.status < 400 && c.body.Len()+len(p) > c.inline):
+		return c.writeSpill(p)
 	case c.body.Len()+len(p) <= c.limit:
 		return c.body.Write(p)
 	case c.status >= 400 && c.spill != nil && c.spill(c):
@@ -99,6 +115,7 @@ func (c *capture) Write(p []byte) (int, error) {
 // the server would have, so that the original and its replays agree).
 func (c *capture) finish() {
 	if c.status == 0 {
+		c.unwritten = true
 		c.WriteHeader(http.StatusOK)
 	}
 	c.sniff()
@@ -114,3 +131,74 @@ func (c *capture) sniff() {
 
 // tooLarge reports whether the response cannot be stored.
 func (c *capture) tooLarge() bool { return c.overflow || c.body.Len() > c.limit }
+
+// writeSpill writes p to the body store's put, starting it with what was
+// buffered so far. Past limit, or when the put fails, the response cannot
+// be stored: overflow, as for a buffered response (endSpill then reports
+// a failed put as such).
+func (c *capture) writeSpill(p []byte) (int, error) {
+	if c.spilled == nil {
+		c.sniff() // from the head of the body, as the server would
+		c.spilled = startSpill(c.put)
+		err := c.spilled.write(c.body.Bytes())
+		c.body = bytes.Buffer{}
+		if err != nil {
+			return 0, c.spillFailed()
+		}
+	}
+	if c.spilled.n+int64(len(p)) > int64(c.limit) {
+		c.overflow = true
+		c.spilled.abort()
+		c.spilled.aborted = true
+		return 0, ErrResponseTooLarge
+	}
+	if err := c.spilled.write(p); err != nil {
+		return 0, c.spillFailed()
+	}
+	return len(p), nil
+}
+
+// spillFailed records the error of a put that ended while the handler
+// wrote (the pipe's reader is closed once the put returns).
+func (c *capture) spillFailed() error {
+	<-c.spilled.done
+	c.overflow = true
+	if !errors.Is(c.spilled.err, idem.ErrInvalidResponse) {
+		c.putErr = c.spilled.err
+		if c.putErr == nil {
+			c.putErr = errors.New("idemhttp: the body store's put ended before the body")
+		}
+	}
+	return ErrResponseTooLarge
+}
+
+// endSpill ends a spilled body once the handler returned. With keep it
+// waits for the put and sets ref; otherwise (a response that will not be
+// stored) it aborts the put, whose object, if any, is an orphan for the
+// sweep. It returns the error of a put that failed (idem.ErrBodyUnavailable),
+// which is not a response too large: the caller must refuse with it.
+func (c *capture) endSpill(keep bool) error {
+	s := c.spilled
+	if s == nil {
+		return nil
+	}
+	c.spilled = nil
+	switch {
+	case c.putErr != nil:
+		c.overflow = false
+		return c.putErr
+	case s.aborted || !keep:
+		s.abort()
+		return nil
+	}
+	ref, err := s.finish()
+	switch {
+	case errors.Is(err, idem.ErrInvalidResponse):
+		c.overflow = true
+		return nil
+	case err != nil:
+		return err
+	}
+	c.ref = ref
+	return nil
+}

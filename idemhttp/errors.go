@@ -27,6 +27,12 @@ const (
 	// or could not commit; the handler did not run, or its work was rolled
 	// back. Retry after Retry-After with the same key.
 	CodeStoreUnavailable = "idempotency_store_unavailable"
+	// CodeStoreMisconfigured (500): the idempotency store cannot work as it
+	// is set up (idem.ErrMisconfigured, such as pgx's statement cache
+	// behind a transaction pooler); the handler did not run. Retrying does
+	// not help until an operator changes the configuration; the request's
+	// log record carries the error's message, which names the fix.
+	CodeStoreMisconfigured = "idempotency_store_misconfigured"
 	// CodeLeaseLost (503, leased mode only): the request's lease on the key
 	// was taken over by another attempt (after it ran out, through the
 	// store's StatusCheck or BlindTakeover) before its response was stored.
@@ -46,10 +52,41 @@ const (
 	// CodeFingerprintFailed (400): Config.Fingerprint returned an error that
 	// is not an *Error.
 	CodeFingerprintFailed = "idempotency_fingerprint_failed"
+	// CodeOperationFailed (500): Config.Operation returned an error that
+	// is not an *Error, or an empty name. The handler did not run.
+	CodeOperationFailed = "idempotency_operation_failed"
+	// CodeNoResponse (500): the handler returned without writing a status
+	// or a body, so the attempt is taken as one whose handler never ran
+	// (a router adapter that did not call it, as when a transaction retry
+	// re-enters a chain that cannot run twice) and nothing is stored. In
+	// the transactional mode its transaction was rolled back and the key is
+	// free; in the leased mode the record stays processing until its lease
+	// runs out and the store's StatusCheck decides, because the handler may
+	// have had an outside effect.
+	CodeNoResponse = "idempotency_handler_no_response"
 	// CodeResponseTooLarge (500): the handler's successful response (or a
 	// failure it marked final) is larger than Config.MaxResponseBytes and
 	// cannot be stored. Its transaction was rolled back; nothing happened.
 	CodeResponseTooLarge = "idempotency_response_too_large"
+	// CodeResponseInvalid (500): the handler's response that would be
+	// stored is refused by the store (idem.ErrInvalidResponse): a status
+	// outside 200–599 or a replayed header with a control character in its
+	// value. In the transactional mode its transaction was rolled back and
+	// nothing happened; in the leased mode the record stays processing
+	// until the store's StatusCheck decides, as after a store failure.
+	CodeResponseInvalid = "idempotency_response_invalid"
+	// CodeRecordInvalid (500): the key's stored record cannot be replayed
+	// (idem.ErrCorruptRecord: written by hand, by an older version, or
+	// damaged). Nothing ran. The record is left for an operator to delete
+	// (the store logs its key digest); until then, or until its retention
+	// ends, every retry with the key gets this answer.
+	CodeRecordInvalid = "idempotency_record_invalid"
+	// CodeMethodInvalid (400): the request's method is a case variant of a
+	// protected method ("post" when POST is protected). Methods are
+	// case-sensitive (RFC 9110 section 9.1), so the middleware would not
+	// protect it, yet a router that matches methods without regard to case
+	// would run the protected handler: it is refused instead.
+	CodeMethodInvalid = "idempotency_method_invalid"
 )
 
 // MismatchStatusIETF is the status the IETF draft "The Idempotency-Key HTTP

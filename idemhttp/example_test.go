@@ -2,7 +2,6 @@ package idemhttp_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"io"
 	"log"
@@ -43,12 +42,34 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	mw := idemhttp.New(store, &idemhttp.Config{
-		Tenant: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil },
+	// The tenant comes from authentication, never from a header the client
+	// chooses: a stored response goes to whoever presents its tenant and
+	// key. authenticate stands in for real authentication (see
+	// docs/security.md) and puts the caller's tenant in the context.
+	type tenantKey struct{}
+	tokens := map[string]string{"token-of-acme": "acme"} // bearer token -> tenant
+	authenticate := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tenant, ok := tokens[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
+			if !ok {
+				http.Error(w, "unauthenticated", http.StatusUnauthorized)
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
+		})
+	}
+	mw, err := idemhttp.New(store, &idemhttp.Config{
+		Tenant: func(r *http.Request) (string, error) {
+			tenant, _ := r.Context().Value(tenantKey{}).(string)
+			return tenant, nil // authenticate let no request through without one
+		},
 	})
+	if err != nil {
+		log.Fatal(err)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, _ := idemhttp.Tx[*sql.Tx](r.Context())
+	mux.Handle("POST /orders", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, _ := mw.Tx(r.Context()) // a *sql.Tx: the store's type, checked by the compiler
 		res, err := tx.ExecContext(r.Context(), `INSERT INTO orders (amount) VALUES (4200)`)
 		if err != nil {
 			http.Error(w, "no order", http.StatusInternalServerError) // rolled back, key free
@@ -59,13 +80,13 @@ func Example() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":%d}`, id)
 	})))
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewServer(authenticate(mux))
 	defer srv.Close()
 
 	for _, body := range []string{`{"amount": 4200}`, `{ "amount":4200 }`, `{"amount": 1}`} {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/orders", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Tenant-ID", "acme")
+		req.Header.Set("Authorization", "Bearer token-of-acme")
 		req.Header.Set("Idempotency-Key", "order-0001-example")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -122,15 +143,18 @@ func Example_leased() {
 		log.Fatal(err)
 	}
 
-	mw := idemhttp.New(store, &idemhttp.Config{Mode: idemhttp.Leased})
+	mw, err := idemhttp.New(store, &idemhttp.Config{Mode: idemhttp.Leased})
+	if err != nil {
+		log.Fatal(err)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("POST /payments", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, _ := idemhttp.Key(r.Context())
-		lease, _ := idemhttp.Lease[*sql.Tx](r.Context())
+		lease, _ := mw.Lease(r.Context())
 		if _, ok := charges[key]; !ok { // the outside call, with no transaction open
 			charges[key] = fmt.Sprintf("ch_%d", len(charges)+1)
 		}
-		tx, ok := idemhttp.Tx[*sql.Tx](r.Context()) // begins the transaction
+		tx, ok := mw.Tx(r.Context()) // begins the transaction
 		if !ok {
 			http.Error(w, "try again", http.StatusServiceUnavailable) // the lease is released
 			return

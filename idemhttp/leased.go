@@ -53,7 +53,6 @@ func (m *middleware[TTx]) serveLeased(w http.ResponseWriter, rq *request) {
 		return
 	case !lease.Acquired():
 		m.replay(w, rq, lease.Replay.Response)
-		m.log(rq, "replayed", lease.Replay.Response.StatusCode)
 		return
 	}
 	rq.attempt = lease.Attempt()
@@ -79,6 +78,8 @@ func (m *middleware[TTx]) serveLeased(w http.ResponseWriter, rq *request) {
 
 	a := &attempt{lease: lease, begin: run.begin, key: rq.key, scope: rq.scope, requestID: rq.requestID}
 	cw := m.newCapture(w, rq, a)
+	m.spillTo(cw, m.putFunc(ctx, lease.Claim()))
+	defer cw.abortSpill() // a panic of the handler
 	returned := false
 	defer func() {
 		if returned {
@@ -105,6 +106,7 @@ func (l *leasedRun[TTx]) finish(w http.ResponseWriter, rq *request, cw *capture,
 	tx, begun := l.close()
 	renewErr := l.stopRenewals()
 	storable := cw.status < 400 || final
+	spillErr := cw.endSpill(storable && !cw.streamed && renewErr == nil && l.beginErr == nil)
 	switch {
 	case cw.streamed:
 		// A failure too large to buffer, already on its way to the client:
@@ -129,6 +131,13 @@ func (l *leasedRun[TTx]) finish(w http.ResponseWriter, rq *request, cw *capture,
 		// again. The record stays processing and, once the lease ran out,
 		// the status check decides.
 		m.failUnavailable(w, rq)
+	case cw.unwritten:
+		// Nothing says the handler ran, nor that it did not: it may have
+		// made its outside call and returned without a word. Nothing is
+		// stored, and the key is not given up either; once the lease ran
+		// out, the status check decides.
+		l.rollback(tx, begun)
+		m.failNoResponse(w, rq)
 	case !storable:
 		l.rollback(tx, begun)
 		outcome := "rolled_back"
@@ -138,6 +147,11 @@ func (l *leasedRun[TTx]) finish(w http.ResponseWriter, rq *request, cw *capture,
 		}
 		m.send(w, rq, cw)
 		m.log(rq, outcome, cw.status)
+	case spillErr != nil:
+		// The body store failed while the handler wrote: nothing stored.
+		l.rollback(tx, begun)
+		_ = l.release()
+		m.failClaim(w, rq, spillErr)
 	case cw.tooLarge():
 		l.rollback(tx, begun)
 		_ = l.release()
@@ -153,7 +167,7 @@ func (l *leasedRun[TTx]) finish(w http.ResponseWriter, rq *request, cw *capture,
 func (l *leasedRun[TTx]) complete(w http.ResponseWriter, rq *request, cw *capture, tx TTx, begun bool) {
 	m := l.m
 	failed := cw.status >= 400 // and marked final: stored as a final failure
-	resp := &idem.Response{StatusCode: cw.status, Header: m.replayable(cw.sent), Body: cw.body.Bytes()}
+	resp := &idem.Response{StatusCode: cw.status, Header: m.replayable(cw.sent), Body: cw.body.Bytes(), BodyRef: cw.ref}
 	var err error
 	switch {
 	case !begun && failed:
@@ -182,6 +196,10 @@ func (l *leasedRun[TTx]) complete(w http.ResponseWriter, rq *request, cw *captur
 		m.log(rq, outcome, cw.status)
 	case errors.Is(err, idem.ErrFenced):
 		m.failLeaseLost(w, rq)
+	case errors.Is(err, idem.ErrInvalidResponse):
+		// Refused before anything was written: the record stays
+		// processing, as below, since the outside effect may have happened.
+		m.failResponseInvalid(w, rq, err)
 	default:
 		// The response could not be stored, though the handler's outside
 		// effect may have happened: the record stays processing, and once

@@ -188,7 +188,15 @@ func (i *interceptor[TTx]) do(ctx context.Context, c *call, fp idem.Fingerprint,
 	)
 	switch {
 	case err == nil && res.Replayed:
-		m, st, derr := decode(res.Response)
+		// A body kept in the store's BodyStore is read back (and checked)
+		// first: decoding the empty inline body would answer an empty
+		// message instead of the stored one.
+		stored, lerr := i.store.LoadBody(dctx, res.Response)
+		if lerr != nil {
+			return nil, i.fail(ctx, c, "replay_failed", codes.Internal, ReasonReplayFailed,
+				"The stored response of this "+i.cfg.Metadata+" cannot be replayed.")
+		}
+		m, st, derr := decode(stored)
 		if derr != nil {
 			return nil, i.fail(ctx, c, "replay_failed", codes.Internal, ReasonReplayFailed,
 				"The stored response of this "+i.cfg.Metadata+" cannot be replayed.")

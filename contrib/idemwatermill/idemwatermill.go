@@ -166,7 +166,16 @@ func handle[TTx any](store *idem.Store[TTx], c *Config, h message.HandlerFunc, m
 		})
 	switch {
 	case err == nil && res.Replayed:
-		out, derr := decode(res.Response)
+		// A result kept in the store's BodyStore is read back (and
+		// checked) first; its inline body is empty.
+		stored, lerr := store.LoadBody(ctx, res.Response)
+		if errors.Is(lerr, idem.ErrCorruptRecord) {
+			return nil, &permanent{err: fmt.Errorf("idemwatermill: stored result: %w", lerr)}
+		}
+		if lerr != nil {
+			return nil, fmt.Errorf("idemwatermill: stored result: %w", lerr) // the body store is down: redelivered
+		}
+		out, derr := decode(stored)
 		if derr != nil {
 			return nil, &permanent{err: fmt.Errorf("idemwatermill: stored result: %w", derr)}
 		}

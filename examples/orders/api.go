@@ -15,40 +15,66 @@ import (
 
 // api serves the orders API; TTx is the store's transaction type.
 type api[TTx any] struct {
-	orders orderRepo[TTx]
+	// idem protects POST /orders (transactional) and idemOutside POST
+	// /payments (leased); their Tx and Lease methods are typed by the store.
+	idem, idemOutside *idemhttp.Middleware[TTx]
+	orders            orderRepo[TTx]
 	// delay is how long create sleeps inside its transaction (-handler-delay).
 	delay time.Duration
 	// provider is the fake payment provider POST /payments charges.
 	provider *provider
+	// auth authenticates every request; the tenant is its principal's.
+	auth *authenticator
 }
 
 // routes wires the middleware onto the POSTs only: the GETs are safe to
 // repeat by themselves. POST /orders writes to the database only and uses
 // the transactional mode; POST /payments calls the payment provider and
 // uses the leased mode.
-func (a *api[TTx]) routes(store *idem.Store[TTx], logger *slog.Logger) http.Handler {
+func (a *api[TTx]) routes(store *idem.Store[TTx], logger *slog.Logger) (http.Handler, error) {
 	cfg := idemhttp.Config{
+		// The tenant is the authenticated principal's (auth.go), never a
+		// header the client picks: the stored response of a key goes to
+		// whoever presents its tenant and key.
 		Tenant: func(r *http.Request) (string, error) {
-			if t := r.Header.Get("X-Tenant-ID"); t != "" {
-				return t, nil
+			if p, ok := principalOf(r.Context()); ok {
+				return p.Tenant, nil
 			}
-			return "", errTenantMissing
+			return "", errUnauthenticated
 		},
 		Logger: logger,
 	}
-	idempotent := idemhttp.New(store, &cfg)
+	var err error
+	if a.idem, err = idemhttp.New(store, &cfg); err != nil {
+		return nil, err
+	}
 	leased := cfg
 	leased.Mode = idemhttp.Leased
-	idempotentOutside := idemhttp.New(store, &leased)
+	if a.idemOutside, err = idemhttp.New(store, &leased); err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", idempotent(http.HandlerFunc(a.create)))
-	mux.Handle("POST /payments", idempotentOutside(http.HandlerFunc(a.pay)))
+	mux.Handle("POST /orders", a.idem.Wrap(http.HandlerFunc(a.create)))
+	mux.Handle("POST /payments", a.idemOutside.Wrap(http.HandlerFunc(a.pay)))
+	mux.Handle("POST /exports", a.idem.Wrap(http.HandlerFunc(a.export)))
 	mux.HandleFunc("GET /orders/{id}", a.get)
 	mux.HandleFunc("GET /orders", a.list)
-	return mux
+	// Authentication runs first, around everything.
+	return a.auth.middleware(mux), nil
 }
 
-var errTenantMissing = &idemhttp.Error{Status: http.StatusBadRequest, Code: "tenant_missing", Message: "The X-Tenant-ID header is required."}
+// errUnauthenticated answers a request that reached the API without a
+// principal, which authenticate makes impossible; kept as a safety net.
+var errUnauthenticated = &idemhttp.Error{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "Send Authorization: Bearer <token>."}
+
+// tenantOf returns the authenticated tenant of r, or answers 401.
+func tenantOf(w http.ResponseWriter, r *http.Request) (string, bool) {
+	p, ok := principalOf(r.Context())
+	if !ok {
+		writeError(w, r, errUnauthenticated.Status, errUnauthenticated.Code, errUnauthenticated.Message)
+	}
+	return p.Tenant, ok
+}
 
 // orderRequest is the body of POST /orders.
 type orderRequest struct {
@@ -62,7 +88,11 @@ type orderRequest struct {
 // and the key stays free for a corrected retry.
 func (a *api[TTx]) create(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	tx, ok := idemhttp.Tx[TTx](ctx)
+	tenant, ok := tenantOf(w, r)
+	if !ok {
+		return
+	}
+	tx, ok := a.idem.Tx(ctx)
 	key, _ := idemhttp.Key(ctx)
 	if !ok {
 		writeError(w, r, http.StatusInternalServerError, "internal_error", "No transaction: the route is not behind idemhttp.")
@@ -86,7 +116,7 @@ func (a *api[TTx]) create(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	o := &order{
-		Tenant:      r.Header.Get("X-Tenant-ID"),
+		Tenant:      tenant,
 		SKU:         in.SKU,
 		Qty:         in.Qty,
 		AmountCents: in.AmountCents,
@@ -102,9 +132,8 @@ func (a *api[TTx]) create(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api[TTx]) get(w http.ResponseWriter, r *http.Request) {
-	tenant := r.Header.Get("X-Tenant-ID")
-	if tenant == "" {
-		writeError(w, r, errTenantMissing.Status, errTenantMissing.Code, errTenantMissing.Message)
+	tenant, ok := tenantOf(w, r)
+	if !ok {
 		return
 	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
@@ -124,9 +153,8 @@ func (a *api[TTx]) get(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api[TTx]) list(w http.ResponseWriter, r *http.Request) {
-	tenant := r.Header.Get("X-Tenant-ID")
-	if tenant == "" {
-		writeError(w, r, errTenantMissing.Status, errTenantMissing.Code, errTenantMissing.Message)
+	tenant, ok := tenantOf(w, r)
+	if !ok {
 		return
 	}
 	orders, err := a.orders.list(r.Context(), tenant)

@@ -6,16 +6,32 @@
 //	go run ./examples/orders                # serves on 127.0.0.1:8080, SQLite in a temporary directory
 //	go run ./examples/orders -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //	go run ./examples/orders -db 'mysql://root@tcp(127.0.0.1:3306)/shop'
+//	go run ./examples/orders -db 'postgres://...@pgbouncer:6432/shop?default_query_exec_mode=exec' -schema shop
+//
+// Behind a transaction pooler (PgBouncer, pool_mode=transaction), give
+// -schema, so that every statement names its table rather than relying on
+// a search_path the pooler does not keep, and a default_query_exec_mode
+// (exec or simple_protocol) that keeps no prepared statement across
+// transactions.
 //
 // The API:
 //
-//	POST /orders        X-Tenant-ID, Idempotency-Key, {"sku": "...", "qty": N, "amount_cents": N}
+//	POST /orders        Idempotency-Key, {"sku": "...", "qty": N, "amount_cents": N}
 //	                    → 201, Location: /orders/{id}, the order
-//	GET  /orders/{id}   X-Tenant-ID → the order
-//	GET  /orders        X-Tenant-ID → {"count": N, "orders": [...]}
-//	POST /payments      X-Tenant-ID, Idempotency-Key, {"amount_cents": N}
+//	GET  /orders/{id}   → the order
+//	GET  /orders        → {"count": N, "orders": [...]}
+//	POST /payments      Idempotency-Key, {"amount_cents": N}
 //	                    → 201, Location: /payments/{id}, the payment, charged once
 //	                    at a (fake, in-memory) payment provider
+//	POST /exports       Idempotency-Key → 201, a CSV of the tenant's orders; over
+//	                    -inline-body-max it is kept in the body store (-bodies) and
+//	                    a retry replays it from there, byte for byte
+//
+// Every request carries Authorization: Bearer <token>; the tenant it acts
+// for is the token's (auth.go), never a header the client picks, because a
+// stored response goes to whoever presents its tenant and key (see
+// docs/security.md). The server prints a token for tenant acme when it
+// starts; -token-secret (or $ORDERS_TOKEN_SECRET) fixes the signing secret.
 //
 // POST /orders writes to the database only: idemhttp claims its key inside
 // the order's transaction. POST /payments calls a payment provider, which no
@@ -30,7 +46,9 @@
 //	                    {"key": ..., "amount_cents": N}; see payments.go)
 //	                    instead of the in-memory fake, so that its charges
 //	                    survive a crash of this process and the StatusCheck
-//	                    of the restarted process can find them.
+//	                    of the restarted process can find them. The suite
+//	                    plays many tenants with tokens signed with the
+//	                    -token-secret it gives.
 //	-fault-injection    TEST AID, off by default, never for production: a
 //	                    request with X-Fault-Crash: before-claim, after-claim,
 //	                    after-commit, before-provider-call or
@@ -39,7 +57,7 @@
 //
 // Try it with curl while it serves:
 //
-//	curl -i -X POST localhost:8080/orders -H 'X-Tenant-ID: acme' \
+//	curl -i -X POST localhost:8080/orders -H 'Authorization: Bearer <the printed token>' \
 //	    -H 'Idempotency-Key: order-0001-retry-me' -d '{"sku":"tea","qty":2,"amount_cents":900}'
 //
 // Run the same command again: the answer is the same 201, with
@@ -60,6 +78,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/idemstore/idem"
 )
 
 func main() {
@@ -76,8 +96,10 @@ func main() {
 
 // options are the command line flags.
 type options struct {
-	addr         string
-	db           string
+	addr string
+	db   string
+	// schema is the PostgreSQL schema of every table; empty: search_path's.
+	schema       string
 	retention    time.Duration
 	lease        time.Duration
 	waitTimeout  time.Duration
@@ -87,9 +109,14 @@ type options struct {
 	providerDelay time.Duration
 	// providerURL is an outside payment provider; empty: in memory.
 	providerURL string
+	// tokenSecret signs the bearer tokens (auth.go); empty: random.
+	tokenSecret string
 	// faultInjection enables the X-Fault-Crash header (faults.go), a test aid.
 	faultInjection bool
-	demo           bool
+	// bodyDir is the DirBodyStore of responses over inlineBodyMax.
+	bodyDir       string
+	inlineBodyMax int
+	demo          bool
 	// set records the flags given on the command line.
 	set map[string]bool
 }
@@ -100,6 +127,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "listen address")
 	fs.StringVar(&o.db, "db", "", "an SQLite file path, a postgres:// URL, or mysql:// followed by a go-sql-driver DSN;\nempty: an SQLite file in a new temporary directory")
+	fs.StringVar(&o.schema, "schema", "", "PostgreSQL only: the existing schema that holds every table (idem's and the service's),\nnamed in every statement, as a transaction pooler such as PgBouncer keeps no search_path;\nempty: the tables the connection's search_path finds")
 	fs.DurationVar(&o.retention, "retention", 24*time.Hour, "how long a key's record is kept (idem.Config.Retention)")
 	fs.DurationVar(&o.lease, "lease", 30*time.Second, "how long a processing record is presumed alive (idem.Config.LeaseDuration)")
 	fs.DurationVar(&o.waitTimeout, "wait-timeout", 5*time.Second, "how long a duplicate waits for an in-flight original before 409 (idem.Config.WaitTimeout)")
@@ -107,7 +135,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.handlerDelay, "handler-delay", 0, "how long POST /orders sleeps inside its transaction, to make in-flight duplicates easy to see")
 	fs.DurationVar(&o.providerDelay, "provider-delay", 0, "how long the fake payment provider of POST /payments takes to charge")
 	fs.StringVar(&o.providerURL, "provider-url", "", "base URL of an outside payment provider for POST /payments (POST /charges, POST /charges/lookup);\nempty: a fake provider in this process's memory, which forgets its charges when the process dies")
+	fs.StringVar(&o.tokenSecret, "token-secret", os.Getenv("ORDERS_TOKEN_SECRET"), "the secret that signs bearer tokens (default $ORDERS_TOKEN_SECRET; empty: random, printed tokens last as long as the process)")
 	fs.BoolVar(&o.faultInjection, "fault-injection", false, "TEST AID, never in production: honour the X-Fault-Crash request header, which kills the process (SIGKILL) at a chosen stage")
+	fs.StringVar(&o.bodyDir, "bodies", "", "directory of the body store (idem.DirBodyStore) holding response bodies over -inline-body-max, such as POST /exports' CSV;\nempty: a new temporary directory")
+	fs.IntVar(&o.inlineBodyMax, "inline-body-max", idem.DefaultInlineBodyMax, "largest response body stored in the record; larger ones go to the body store (idem.Config.InlineBodyMax)")
 	fs.BoolVar(&o.demo, "demo", false, "serve on a random local port, play a scripted client against it, print a table, and exit;\n-wait-timeout defaults to 300ms (1s on MySQL), -handler-delay to 500ms more, -provider-delay to 500ms")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -133,7 +164,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		o.addr = "127.0.0.1:0"
 	}
 
-	db, err := openDatabase(ctx, o.db)
+	db, err := openDatabase(ctx, o.db, o.schema)
 	if err != nil {
 		return err
 	}
@@ -167,6 +198,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	base := "http://" + ln.Addr().String()
 	fmt.Fprintf(stdout, "orders: serving on %s (database: %s)\n", base, db.describe)
+	if !o.demo {
+		fmt.Fprintf(stdout, "orders: authenticate as tenant acme with -H 'Authorization: Bearer %s'\n", svc.token("acme"))
+	}
 
 	var demoErr error
 	if o.demo {

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,7 +49,8 @@ func TestDemo(t *testing.T) {
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		playDemoOn(t, postgresSchemaURL(t))
+		url, schema := postgresTestSchema(t)
+		playDemoOn(t, url, "-schema", schema)
 	})
 	t.Run("mariadb", func(t *testing.T) {
 		t.Parallel()
@@ -56,10 +58,10 @@ func TestDemo(t *testing.T) {
 	})
 }
 
-func playDemoOn(t *testing.T, db string) {
+func playDemoOn(t *testing.T, db string, args ...string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	err := run(t.Context(), []string{"-demo", "-db", db}, &out, &errOut)
+	err := run(t.Context(), append([]string{"-demo", "-db", db}, args...), &out, &errOut)
 	t.Log("\n" + out.String())
 	require.NoError(t, err, errOut.String())
 	require.Regexp(t, `^orders: serving on http://127\.0\.0\.1:\d+ `, out.String(), "one ready line first")
@@ -72,16 +74,19 @@ func playDemoOn(t *testing.T, db string) {
 	}
 }
 
-// postgresSchemaURL returns the test server's URL with a search_path on a
-// fresh schema, dropped when t ends.
-func postgresSchemaURL(t *testing.T) string {
+// postgresTestSchema returns the test server's URL and a fresh schema, dropped
+// when t ends, for -schema: no search_path, so that the demo runs through
+// a transaction pooler too (.ci/pgbouncer.sh). The URL carries the exec
+// mode of testdb.PostgresExecModes (the first), as a pooler refuses pgx's
+// statement cache.
+func postgresTestSchema(t *testing.T) (url, schema string) {
 	t.Helper()
-	url := testdb.PostgresURL(t)
+	url = testdb.PostgresURL(t)
 	ctx := t.Context()
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
-	schema := testdb.Name()
+	schema = testdb.Name()
 	_, err = conn.Exec(ctx, "CREATE SCHEMA "+schema)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -92,7 +97,7 @@ func postgresSchemaURL(t *testing.T) string {
 	if strings.Contains(url, "?") {
 		sep = "&"
 	}
-	return url + sep + "search_path=" + schema
+	return url + sep + "default_query_exec_mode=" + testdb.PostgresExecModes()[0], schema
 }
 
 // mysqlDatabaseDSN returns mysql:// and the test server's DSN on a fresh
@@ -130,7 +135,7 @@ func TestAPI(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	path := filepath.Join(t.TempDir(), "orders.db")
-	db, err := openDatabase(ctx, path)
+	db, err := openDatabase(ctx, path, "")
 	require.NoError(t, err)
 	t.Cleanup(db.close)
 	o, err := parseFlags(nil, io.Discard)
@@ -145,7 +150,7 @@ func TestAPI(t *testing.T) {
 		req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
 		require.NoError(t, err)
 		if tenant != "" {
-			req.Header.Set("X-Tenant-ID", tenant)
+			req.Header.Set("Authorization", "Bearer "+svc.token(tenant))
 		}
 		if key != "" {
 			req.Header.Set("Idempotency-Key", key)
@@ -194,8 +199,8 @@ func TestAPI(t *testing.T) {
 
 	for _, r := range []struct{ method, path, key string }{{"GET", "/orders", ""}, {"GET", location, ""}, {"POST", "/orders", "api-test-key-2"}} {
 		resp, body := do(r.method, r.path, "", r.key, `{"sku":"tea","qty":2,"amount_cents":900}`)
-		require.Equal(t, http.StatusBadRequest, resp.StatusCode, r)
-		require.Equal(t, "tenant_missing", code(body))
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, r)
+		require.Equal(t, "unauthenticated", code(body))
 	}
 	for _, bad := range []string{`{"sku":"tea","qty":0,"amount_cents":900}`, `{"sku":"tea","qty":1,"amount_cents":-1}`, `{"qty":1,"amount_cents":1}`} {
 		resp, body := do("POST", "/orders", "acme", "api-test-key-3", bad)
@@ -245,6 +250,7 @@ func TestFlags(t *testing.T) {
 		{"-db", "mysql://root@tcp(127.0.0.1:3306)/"}, // no database
 		{"-db", "postgres://%zz"},
 		{"-wait-timeout", "soon"},
+		{"-schema", "shop"}, // PostgreSQL only; -db is SQLite here
 	} {
 		require.Error(t, run(t.Context(), args, io.Discard, io.Discard), "%q", args)
 	}
@@ -259,7 +265,7 @@ func TestShutdownOnSignal(t *testing.T) {
 		t.Run(sig.String(), func(t *testing.T) {
 			t.Parallel()
 			//nolint:gosec // G204: re-executes this test binary (os.Args[0]) with fixed arguments
-			cmd := exec.CommandContext(t.Context(), os.Args[0], "-addr", "127.0.0.1:0", "-handler-delay", "700ms")
+			cmd := exec.CommandContext(t.Context(), os.Args[0], "-addr", "127.0.0.1:0", "-handler-delay", "700ms", "-token-secret", testTokenSecret)
 			cmd.Env = append(os.Environ(), "ORDERS_RUN_MAIN=1")
 			stdout, err := cmd.StdoutPipe()
 			require.NoError(t, err)
@@ -277,7 +283,7 @@ func TestShutdownOnSignal(t *testing.T) {
 			inFlight := make(chan int, 1)
 			go func() {
 				req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/orders", strings.NewReader(`{"sku":"tea","qty":1,"amount_cents":100}`))
-				req.Header.Set("X-Tenant-ID", "acme")
+				req.Header.Set("Authorization", "Bearer "+testToken("acme"))
 				req.Header.Set("Idempotency-Key", "signal-test-key-1")
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
@@ -307,7 +313,7 @@ func startOrders(t *testing.T, args ...string) string {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, append([]string{"-addr", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "orders.db")}, args...), pw, io.Discard)
+		done <- run(ctx, append([]string{"-addr", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "orders.db"), "-token-secret", testTokenSecret}, args...), pw, io.Discard)
 		_ = pw.Close()
 	}()
 	t.Cleanup(func() {
@@ -331,7 +337,7 @@ func TestFaultInjectionSwitch(t *testing.T) {
 		t.Helper()
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/orders", strings.NewReader(`{"sku":"tea","qty":1,"amount_cents":100}`))
 		require.NoError(t, err)
-		req.Header.Set("X-Tenant-ID", "acme")
+		req.Header.Set("Authorization", "Bearer "+testToken("acme"))
 		req.Header.Set("Idempotency-Key", key)
 		req.Header.Set(crashHeader, stage)
 		resp, err := http.DefaultClient.Do(req)
@@ -389,7 +395,7 @@ func TestOutsideProvider(t *testing.T) {
 	for range 2 {
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/payments", strings.NewReader(`{"amount_cents":4200}`))
 		require.NoError(t, err)
-		req.Header.Set("X-Tenant-ID", "acme")
+		req.Header.Set("Authorization", "Bearer "+testToken("acme"))
 		req.Header.Set("Idempotency-Key", "outside-provider-1")
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
@@ -399,6 +405,16 @@ func TestOutsideProvider(t *testing.T) {
 		require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
 		require.Contains(t, string(body), `"charge_id":"ch_outside"`)
 	}
+	// -provider-url (the fault suite's mode) trusts no tenant header
+	// either: without a token, 401 and no charge.
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/payments", strings.NewReader(`{"amount_cents":4200}`))
+	require.NoError(t, err)
+	req.Header.Set("X-Tenant-ID", "acme")
+	req.Header.Set("Idempotency-Key", "outside-provider-2")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 	mu.Lock()
 	keys := make([]string, 0, len(calls))
 	for key, n := range calls {
@@ -422,4 +438,103 @@ func TestOutsideProvider(t *testing.T) {
 	require.False(t, found)
 	_, _, err = p.lookup(t.Context(), "broken")
 	require.Error(t, err)
+}
+
+// testTokenSecret signs the tokens of the servers the tests start.
+const testTokenSecret = "test-secret"
+
+// testToken returns a bearer token for tenant, signed with testTokenSecret.
+func testToken(tenant string) string { return newAuthenticator(testTokenSecret).token(tenant) }
+
+// TestTenantComesFromAuthentication: the tenant is the bearer token's. A
+// request without a valid token is refused with 401 before anything is
+// claimed, and an X-Tenant-ID header naming another tenant changes nothing:
+// acme's stored response never reaches a caller who only knows acme's key.
+func TestTenantComesFromAuthentication(t *testing.T) {
+	t.Parallel()
+	base := startOrders(t)
+	post := func(auth, tenantHeader string) (*http.Response, []byte) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/orders", strings.NewReader(`{"sku":"tea","qty":1,"amount_cents":100}`))
+		require.NoError(t, err)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		if tenantHeader != "" {
+			req.Header.Set("X-Tenant-ID", tenantHeader)
+		}
+		req.Header.Set("Idempotency-Key", "auth-test-key-0001")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, body
+	}
+	first, body := post("Bearer "+testToken("acme"), "")
+	require.Equal(t, http.StatusCreated, first.StatusCode, string(body))
+
+	for _, auth := range []string{"", "Bearer acme", "Bearer acme.00", "Bearer " + testToken("acme") + "0",
+		"Bearer " + newAuthenticator("other-secret").token("acme")} {
+		resp, body := post(auth, "acme")
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%q: %s", auth, body)
+		require.NotContains(t, string(body), `"sku"`, "acme's order must not leak")
+	}
+	other, body := post("Bearer "+testToken("globex"), "acme")
+	require.Equal(t, http.StatusCreated, other.StatusCode, string(body))
+	require.Empty(t, other.Header.Get("Idempotency-Replayed"), "globex runs its own order, X-Tenant-ID notwithstanding")
+	again, _ := post("Bearer "+testToken("acme"), "")
+	require.Equal(t, "true", again.Header.Get("Idempotency-Replayed"))
+}
+
+// TestExportStoredByReference: POST /exports' CSV, over -inline-body-max,
+// is stored in the body store; a retry with the same key replays it byte
+// for byte (the orders as they were), and a new key sees the new order.
+func TestExportStoredByReference(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db, err := openDatabase(ctx, filepath.Join(t.TempDir(), "orders.db"), "")
+	require.NoError(t, err)
+	t.Cleanup(db.close)
+	bodies := t.TempDir()
+	o, err := parseFlags([]string{"-bodies", bodies, "-inline-body-max", "100"}, io.Discard)
+	require.NoError(t, err)
+	svc, err := db.service(ctx, o, nil)
+	require.NoError(t, err)
+	srv := httptest.NewServer(svc.handler)
+	t.Cleanup(srv.Close)
+	do := func(path, key, body string) (*http.Response, []byte) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, "POST", srv.URL+path, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+svc.token("acme"))
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, b
+	}
+	for i := range 3 {
+		resp, _ := do("/orders", "export-order-"+strconv.Itoa(i), `{"sku":"tea","qty":2,"amount_cents":900}`)
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+	}
+	before, err := os.ReadDir(bodies)
+	require.NoError(t, err)
+	first, csv1 := do("/exports", "export-key-0001", `{}`)
+	require.Equal(t, http.StatusCreated, first.StatusCode, string(csv1))
+	require.Equal(t, 4, strings.Count(string(csv1), "\n"), "a header and three orders")
+	objects, err := os.ReadDir(bodies)
+	require.NoError(t, err)
+	require.Len(t, objects, len(before)+1, "the CSV is in the body store (the 201s of the orders too: over 100 bytes)")
+
+	resp, _ := do("/orders", "export-order-3", `{"sku":"tea","qty":1,"amount_cents":450}`)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	again, csv2 := do("/exports", "export-key-0001", `{}`)
+	require.Equal(t, "true", again.Header.Get("Idempotency-Replayed"))
+	require.Equal(t, first.Header.Get("Content-Type"), again.Header.Get("Content-Type"))
+	require.Equal(t, csv1, csv2)
+	_, csv3 := do("/exports", "export-key-0002", `{}`)
+	require.Equal(t, 5, strings.Count(string(csv3), "\n"))
 }
