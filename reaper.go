@@ -157,6 +157,8 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		}
 	}
 	exec := r.store.dialect.DB()
+	start := r.store.observeStart()
+	batches, behind := 0, false
 	for batch := range r.cfg.MaxBatches {
 		if batch > 0 && r.cfg.BatchPause > 0 {
 			if err := sleepCtx(ctx, r.cfg.BatchPause); err != nil {
@@ -165,6 +167,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		}
 		n, err := exec.DeleteExpired(ctx, &DeleteExpiredParams{Limit: r.cfg.BatchSize, Now: r.store.now()})
 		rep.Deleted += n
+		batches++
 		if err != nil {
 			fail(fmt.Errorf("idem: reaper delete expired: %w", err))
 			break
@@ -172,6 +175,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		if n < r.cfg.BatchSize {
 			break
 		}
+		behind = batch == r.cfg.MaxBatches-1
 	}
 	if ctx.Err() != nil {
 		return rep, ctx.Err()
@@ -206,6 +210,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		slog.Int("deleted", rep.Deleted), slog.Int("finalised", rep.Finalised),
 		slog.Int("handed_over", rep.HandedOver), slog.Int("unknown", rep.Unknown),
 		slog.Int("unresolved", rep.Unresolved), slog.Int("errors", rep.Errors))
+	r.store.observeReap(ctx, start, rep, batches, behind, len(stale))
 	return rep, firstErr
 }
 
