@@ -346,4 +346,3 @@ func (t *Telemetry) ObserveHTTP(ctx context.Context, e idemhttp.RequestEvent) {
 	t.httpCounts.Add(ctx, 1, set)
 	t.httpDur.Record(ctx, e.Latency.Seconds(), set)
 }
-
