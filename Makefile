@@ -46,8 +46,9 @@ tidy: ## Run go mod tidy and fail if it changed go.mod or go.sum
 
 # BenchmarkIdem on the three dialects, BENCH_COUNT times in turn (each run measures every
 # scenario of every dialect once, so repetitions interleave), the raw results appended to
-# BENCH_OUT (benchstat reads it), then the ratio tables (docs/performance.md). About 7.5 minutes
-# with the defaults. PostgreSQL and MariaDB are skipped when unreachable.
+# BENCH_OUT (benchstat reads it), then the ratio tables (docs/performance.md). The writing
+# scenarios run for both business shapes, small and order (IDEM_BENCH_SHAPES=small picks one).
+# About 13 minutes with the defaults. PostgreSQL and MariaDB are skipped when unreachable.
 BENCH_TIME ?= 2s
 BENCH_COUNT ?= 3
 BENCH_OUT ?= bench.out
@@ -55,7 +56,7 @@ BENCH_OUT ?= bench.out
 .PHONY: bench
 bench: SHELL := bash
 bench: .SHELLFLAGS := -o pipefail -ec
-bench: ## Run BenchmarkIdem on every dialect and print the ratio tables (see docs/performance.md)
+bench: ## Run BenchmarkIdem (shapes small,order: IDEM_BENCH_SHAPES; levels: IDEM_BENCH_CONC) and print the ratio tables
 	: > $(BENCH_OUT)
 	for i in $$(seq $(BENCH_COUNT)); do \
 		$(GO) test -run '^$$' -bench BenchmarkIdem -benchtime $(BENCH_TIME) -count 1 \
@@ -94,10 +95,14 @@ faults: ## Run the fault suite at full scale (see docs/reliability.md; about 30 
 	IDEM_FAULTS_SCALE=full IDEM_TEST_REQUIRE_DB=1 $(GO) test -tags faults -count=1 -timeout $(FAULTS_TIMEOUT) -v ./faults/ | tee faults.out
 	@echo; echo "rows for docs/reliability.md:"; grep -o 'FAULTS|.*' faults.out | sed 's/^FAULTS//'
 
-# The load tool (cmd/idembench, docs/performance.md "Load tool"): every scenario on every dialect
-# at 1, 8, 32 and 64 workers, LOADTEST_REPS interleaved repetitions, medians; about 45 minutes
-# with the defaults. The servers and Redis must run. LOADTEST_ARGS adds flags, e.g.
-# LOADTEST_ARGS='-prefill 10000000 -reuse-prefill' for the 10M-record run.
+# The load tool (cmd/idembench, docs/performance.md "How to measure" and "Load tool"): every
+# scenario of both business shapes on every dialect at 1, 8, 32 and 64 workers, LOADTEST_REPS
+# interleaved repetitions, medians; about 90 minutes with the defaults. The servers and Redis
+# must run. The tool is a module of its own (go-redis stays out of the library's go.mod), run
+# from its directory outside any go.work; a relative -json path is relative to cmd/idembench.
+# LOADTEST_ARGS adds flags, e.g. '-shape order', '-rtt direct,0,200us,1ms' (a proxy adding that
+# round-trip time in front of every server, 0 = the proxy without delay; round trips per
+# operation are counted through it), or '-prefill 10000000 -reuse-prefill' for the 10M-record run.
 LOADTEST_DIALECT ?= all
 LOADTEST_WORKERS ?= 1,8,32,64
 LOADTEST_DURATION ?= 5s
@@ -105,13 +110,13 @@ LOADTEST_REPS ?= 3
 LOADTEST_ARGS ?=
 
 .PHONY: loadtest
-loadtest: ## Run the load tool on every dialect and print its tables (see docs/performance.md)
-	$(GO) run ./cmd/idembench -dialect $(LOADTEST_DIALECT) -workers $(LOADTEST_WORKERS) \
+loadtest: ## Run the load tool on every dialect (LOADTEST_ARGS='-shape small,order -rtt direct,0,200us,1ms'; docs/performance.md)
+	cd cmd/idembench && GOWORK=off $(GO) run . -dialect $(LOADTEST_DIALECT) -workers $(LOADTEST_WORKERS) \
 		-duration $(LOADTEST_DURATION) -reps $(LOADTEST_REPS) $(LOADTEST_ARGS)
 
 .PHONY: loadtest/quick
 loadtest/quick: ## Run the load tool briefly (1 and 8 workers, 1s, one repetition, small tables)
-	$(GO) run ./cmd/idembench -dialect $(LOADTEST_DIALECT) -workers 1,8 -duration 1s -reps 1 \
+	cd cmd/idembench && GOWORK=off $(GO) run . -dialect $(LOADTEST_DIALECT) -workers 1,8 -duration 1s -reps 1 \
 		-prefill 20000 -reaper-rows 10000 $(LOADTEST_ARGS)
 
 # The PostgreSQL failover scenario (docs/reliability.md "Failover"): .ci/pgfailover.sh makes a

@@ -12,6 +12,7 @@ import (
 	"github.com/idemstore/idem/internal/benchkit"
 	"github.com/idemstore/idem/internal/codec"
 	"github.com/idemstore/idem/internal/testdb"
+	"github.com/idemstore/idem/internal/workload"
 	idemmysql "github.com/idemstore/idem/mysql"
 )
 
@@ -43,26 +44,27 @@ func BenchmarkIdem(b *testing.B) {
 			b.Error(err)
 		}
 	})
-	admin := benchMySQLDB(b, base, name, 4)
+	// The admin connections run without foreign key checks, so that Reset
+	// can TRUNCATE orders, which order_lines references.
+	adminCfg := base.Clone()
+	adminCfg.Params = map[string]string{"foreign_key_checks": "0"}
+	for k, v := range base.Params {
+		adminCfg.Params[k] = v
+	}
+	admin := benchMySQLDB(b, adminCfg, name, 4)
 	if err := idemmysql.Migrate(ctx, admin); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := admin.ExecContext(ctx, `CREATE TABLE orders (
-		id         BIGINT AUTO_INCREMENT PRIMARY KEY,
-		tenant     VARCHAR(255) NOT NULL,
-		amount     BIGINT NOT NULL,
-		created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
-	) ENGINE = InnoDB`); err != nil {
-		b.Fatal(err)
-	}
-
-	insertOrder := func(ctx context.Context, tx *sql.Tx, tenant string) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO orders (tenant, amount) VALUES (?, 1999)`, tenant)
-		if err != nil {
-			return err
+	for _, q := range workload.Tables(workload.MySQL) {
+		if _, err := admin.ExecContext(ctx, q); err != nil {
+			b.Fatal(err)
 		}
-		_, err = res.LastInsertId()
+	}
+	if err := workload.FillProducts(ctx, workload.MySQL, func(ctx context.Context, q string, args ...any) error {
+		_, err := admin.ExecContext(ctx, q, args...)
 		return err
+	}); err != nil {
+		b.Fatal(err)
 	}
 	header, err := codec.EncodeHeader(benchkit.Response.Header)
 	if err != nil {
@@ -87,12 +89,18 @@ func BenchmarkIdem(b *testing.B) {
 					)
 					return db.QueryRowContext(ctx, benchMySQLSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
 				},
-				Floor: func(ctx context.Context, scope, key string) error {
-					return benchkit.SQLFloor(ctx, db, insertOrder, header, nil, nil, benchMySQLSelect, benchMySQLFloorInsert, scope, key, nil)
+				Floor: func(ctx context.Context, business func(context.Context, *sql.Tx, string) error, scope, key string) error {
+					return benchkit.SQLFloor(ctx, db, business, header, nil, nil, benchMySQLSelect, benchMySQLFloorInsert, scope, key, nil)
 				},
 			}
 		},
-		InsertOrder: insertOrder,
+		Business: func(s workload.Shape) func(context.Context, *sql.Tx, string) error {
+			return workload.SQLBusiness(s, workload.MySQL)
+		},
+		Counts: func(ctx context.Context) (c workload.Counts, err error) {
+			err = admin.QueryRowContext(ctx, workload.CountsQuery(workload.MySQL)).Scan(&c.Orders, &c.Lines, &c.Stock, &c.Completed, &c.Pending)
+			return c, err
+		},
 		Snapshot: func(ctx context.Context) error {
 			_, err := admin.ExecContext(ctx, `CREATE TABLE bench_seed AS SELECT * FROM idempotency_keys`)
 			return err
@@ -100,9 +108,10 @@ func BenchmarkIdem(b *testing.B) {
 		Reset: func(ctx context.Context) error {
 			for _, q := range []string{
 				`TRUNCATE TABLE idempotency_keys`,
+				`TRUNCATE TABLE order_lines`,
 				`TRUNCATE TABLE orders`,
 				`INSERT INTO idempotency_keys SELECT * FROM bench_seed`,
-				`ANALYZE TABLE idempotency_keys, orders`,
+				`ANALYZE TABLE idempotency_keys, orders, order_lines, products`,
 			} {
 				if _, err := admin.ExecContext(ctx, q); err != nil {
 					return err

@@ -32,7 +32,17 @@
 // interpolation could mishandle: keys and scopes are bound as bytes. clientFoundRows may have either
 // value.
 //
-//	root@tcp(127.0.0.1:3306)/app?parseTime=true&interpolateParams=true
+//	root@tcp(127.0.0.1:3306)/app?parseTime=true&interpolateParams=true&readTimeout=30s&writeTimeout=30s
+//
+// Set readTimeout and writeTimeout too, well above Config.WaitTimeout and
+// your slowest business statement. database/sql's Tx.Commit takes no
+// context, and go-sql-driver waits for the server's answer to COMMIT
+// without a deadline by default, so a connection that goes half-open at the
+// COMMIT holds the request until the kernel gives up on it (minutes), far
+// past the caller's own deadline. With readTimeout the COMMIT fails as
+// [idem.ErrStoreUnavailable] after that time; its outcome is unknown, and
+// the client's retry gets the replay if it committed (docs/reliability.md,
+// "Faults on the wire").
 //
 // # Schema
 //

@@ -12,6 +12,7 @@ import (
 	"github.com/idemstore/idem/internal/benchkit"
 	"github.com/idemstore/idem/internal/codec"
 	"github.com/idemstore/idem/internal/testdb"
+	"github.com/idemstore/idem/internal/workload"
 	idempg "github.com/idemstore/idem/postgres"
 )
 
@@ -38,16 +39,14 @@ func BenchmarkIdem(b *testing.B) {
 	if err := idempg.Migrate(ctx, admin); err != nil {
 		b.Fatal(err)
 	}
-	benchPGExec(ctx, b, admin, `CREATE TABLE orders (
-		id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-		tenant     text NOT NULL,
-		amount     bigint NOT NULL,
-		created_at timestamptz NOT NULL DEFAULT now()
-	)`)
-
-	insertOrder := func(ctx context.Context, tx pgx.Tx, tenant string) error {
-		var id int64
-		return tx.QueryRow(ctx, `INSERT INTO orders (tenant, amount) VALUES ($1, 1999) RETURNING id`, tenant).Scan(&id)
+	for _, q := range workload.Tables(workload.Postgres) {
+		benchPGExec(ctx, b, admin, q)
+	}
+	if err := workload.FillProducts(ctx, workload.Postgres, func(ctx context.Context, q string, args ...any) error {
+		_, err := admin.Exec(ctx, q, args...)
+		return err
+	}); err != nil {
+		b.Fatal(err)
 	}
 	header, err := codec.EncodeHeader(benchkit.Response.Header)
 	if err != nil {
@@ -72,21 +71,27 @@ func BenchmarkIdem(b *testing.B) {
 					)
 					return pool.QueryRow(ctx, benchPGSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
 				},
-				Floor: func(ctx context.Context, scope, key string) error {
-					return benchPGFloor(ctx, pool, insertOrder, header, scope, key)
+				Floor: func(ctx context.Context, business func(context.Context, pgx.Tx, string) error, scope, key string) error {
+					return benchPGFloor(ctx, pool, business, header, scope, key)
 				},
 			}
 		},
-		InsertOrder: insertOrder,
+		Business: workload.PGBusiness,
+		Counts: func(ctx context.Context) (c workload.Counts, err error) {
+			err = admin.QueryRow(ctx, workload.CountsQuery(workload.Postgres)).Scan(&c.Orders, &c.Lines, &c.Stock, &c.Completed, &c.Pending)
+			return c, err
+		},
 		Snapshot: func(ctx context.Context) error {
 			_, err := admin.Exec(ctx, `CREATE TABLE bench_seed AS SELECT * FROM idempotency_keys`)
 			return err
 		},
 		Reset: func(ctx context.Context) error {
 			for _, q := range []string{
-				`TRUNCATE idempotency_keys, orders`,
+				`TRUNCATE idempotency_keys, orders, order_lines`,
 				`INSERT INTO idempotency_keys SELECT * FROM bench_seed`,
-				`ANALYZE idempotency_keys, orders`,
+				// The order shape's stock updates leave dead row versions.
+				`VACUUM ANALYZE products`,
+				`ANALYZE idempotency_keys, orders, order_lines`,
 			} {
 				if _, err := admin.Exec(ctx, q); err != nil {
 					return err

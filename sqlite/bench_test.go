@@ -10,6 +10,7 @@ import (
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/benchkit"
 	"github.com/idemstore/idem/internal/codec"
+	"github.com/idemstore/idem/internal/workload"
 	idemsqlite "github.com/idemstore/idem/sqlite"
 )
 
@@ -28,22 +29,16 @@ func BenchmarkIdem(b *testing.B) {
 	if err := idemsqlite.Migrate(ctx, admin); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := admin.ExecContext(ctx, `CREATE TABLE orders (
-		id         INTEGER PRIMARY KEY,
-		tenant     TEXT NOT NULL,
-		amount     INTEGER NOT NULL,
-		created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
-	)`); err != nil {
-		b.Fatal(err)
-	}
-
-	insertOrder := func(ctx context.Context, tx *sql.Tx, tenant string) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO orders (tenant, amount) VALUES (?, 1999)`, tenant)
-		if err != nil {
-			return err
+	for _, q := range workload.Tables(workload.SQLite) {
+		if _, err := admin.ExecContext(ctx, q); err != nil {
+			b.Fatal(err)
 		}
-		_, err = res.LastInsertId()
+	}
+	if err := workload.FillProducts(ctx, workload.SQLite, func(ctx context.Context, q string, args ...any) error {
+		_, err := admin.ExecContext(ctx, q, args...)
 		return err
+	}); err != nil {
+		b.Fatal(err)
 	}
 	header, err := codec.EncodeHeader(benchkit.Response.Header)
 	if err != nil {
@@ -83,15 +78,21 @@ func BenchmarkIdem(b *testing.B) {
 					)
 					return reads.QueryRowContext(ctx, benchSQLiteSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
 				},
-				Floor: func(ctx context.Context, scope, key string) error {
-					return benchkit.SQLFloor(ctx, writes, insertOrder, header, floorRead, floorInsert, "", "", scope, key, func() []any {
+				Floor: func(ctx context.Context, business func(context.Context, *sql.Tx, string) error, scope, key string) error {
+					return benchkit.SQLFloor(ctx, writes, business, header, floorRead, floorInsert, "", "", scope, key, func() []any {
 						now := time.Now().UnixMicro()
 						return []any{now, benchkit.Response.StatusCode, header, benchkit.Response.Body, now, now, now, now + 86_400_000_000}
 					})
 				},
 			}
 		},
-		InsertOrder: insertOrder,
+		Business: func(s workload.Shape) func(context.Context, *sql.Tx, string) error {
+			return workload.SQLBusiness(s, workload.SQLite)
+		},
+		Counts: func(ctx context.Context) (c workload.Counts, err error) {
+			err = admin.QueryRowContext(ctx, workload.CountsQuery(workload.SQLite)).Scan(&c.Orders, &c.Lines, &c.Stock, &c.Completed, &c.Pending)
+			return c, err
+		},
 		Snapshot: func(ctx context.Context) error {
 			_, err := admin.ExecContext(ctx, `CREATE TABLE bench_seed AS SELECT * FROM idempotency_keys`)
 			return err
@@ -99,6 +100,7 @@ func BenchmarkIdem(b *testing.B) {
 		Reset: func(ctx context.Context) error {
 			for _, q := range []string{
 				`DELETE FROM idempotency_keys`,
+				`DELETE FROM order_lines`,
 				`DELETE FROM orders`,
 				`INSERT INTO idempotency_keys SELECT * FROM bench_seed`,
 				`PRAGMA wal_checkpoint(TRUNCATE)`,

@@ -4,26 +4,50 @@
 // reach (hot keys, a table of millions of records, the reaper at work,
 // Redis, the HTTP middleware).
 //
-// Usage:
+// It is a module of its own (cmd/idembench/go.mod), so that its Redis
+// client, go-redis, never becomes a requirement of the library. Usage, from
+// the repository's root:
 //
-//	go run ./cmd/idembench -dialect all -workers 1,8,32,64 -duration 5s -reps 3
-//	go run ./cmd/idembench -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' -scenarios bare,tx
+//	cd cmd/idembench && GOWORK=off go run . -dialect all -workers 1,8,32,64 -duration 5s -reps 3
+//	cd cmd/idembench && GOWORK=off go run . -dialect postgres -shape small,order -rtt direct,0,200us,1ms -scenarios bare,do,tx,redis
+//	cd cmd/idembench && GOWORK=off go run . -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' -scenarios bare,tx
 //
-// For every repetition, every worker count and every scenario in turn, it
-// runs the scenario's operation from that many workers for -warmup, then
-// for -duration, recording each operation's latency. The repetitions interleave (bare, tx,
-// ..., bare, tx, ...), so a drift of the machine touches every scenario
-// alike, and each row of the table is the median over the repetitions:
-// ops/s, the p50/p99/p999 latencies, and the throughput relative to bare
-// (and to the scenario's own baseline) measured in the same repetition.
+// For every repetition, every -rtt setting, every worker count, every
+// business shape (-shape) and every scenario in turn, it runs the
+// scenario's operation from that many workers for -warmup, then for
+// -duration, recording each operation's latency. The repetitions
+// interleave (bare, tx, ..., bare, tx, ...), so a drift of the machine
+// touches every scenario alike, and each row of the table is the median
+// over the repetitions: ops/s, the p50/p99/p999 latencies, and the
+// throughput relative to bare of the same shape (and to the scenario's own
+// baseline) measured in the same repetition.
+//
+// Shapes (-shape, comma-separated; default small,order; internal/workload,
+// shared with BenchmarkIdem) are the business transaction the writing
+// scenarios protect: small inserts one order; order locks a product
+// (SELECT … FOR UPDATE), updates its stock, inserts the order and 3 order
+// lines. Every writing measurement ends with an exactly-once check: orders
+// written = successful operations (warm-up and tail included), with their
+// lines and stock units, and completed idempotency records (or Redis keys
+// holding the response) = orders, none left pending.
+//
+// Latency (-rtt, comma-separated; default direct): "direct" reaches the
+// servers directly; a duration (0, 200us, 1ms) puts a TCP proxy of the
+// tool in front of every server the measured pools use (the database and
+// Redis alike; SQLite runs in the process, so only Redis is behind it)
+// adding that round-trip time. The proxy costs CPU on the same machine, so
+// read each RTT against 0 (the proxy without delay), not against direct.
+// Through a proxy the tool also counts round trips per operation (the
+// rt/op column: request-response turns on the proxied connections ÷
+// operations).
 //
 // Scenarios (-scenarios, comma-separated; default all):
 //
-//	bare      BEGIN; INSERT one order; COMMIT: the business transaction alone
-//	tx        BEGIN; Store.ClaimTx; the INSERT; Store.CompleteTx; COMMIT (fresh key)
-//	do        Store.Do with the INSERT in its callback (fresh key)
-//	separate  Store.Claim committed first, then BEGIN; INSERT; CompleteTx; COMMIT
-//	leased    Store.Acquire, then BEGIN; INSERT; Lease.CompleteTx; COMMIT
+//	bare      BEGIN; the shape's statements; COMMIT: the business transaction alone
+//	tx        BEGIN; Store.ClaimTx; the shape; Store.CompleteTx; COMMIT (fresh key)
+//	do        Store.Do with the shape in its callback (fresh key)
+//	separate  Store.Claim committed first, then BEGIN; the shape; CompleteTx; COMMIT
+//	leased    Store.Acquire, then BEGIN; the shape; Lease.CompleteTx; COMMIT
 //	replay    Store.Do on a completed key (the stored response comes back)
 //	get       Store.Get of a completed key
 //	pkselect  a plain primary-key SELECT of the same rows: the baseline of replay and get
@@ -31,7 +55,7 @@
 //	          executions must equal the keys completed and the orders written
 //	prefill   tx on a table holding -prefill records; compared with tx
 //	reaper    tx while a Reaper deletes -reaper-rows expired records; compared with tx
-//	redis     SET key NX PX in Redis; the bare transaction; SET key response
+//	redis     go-redis SetNX (SET key NX EX) in Redis; the bare transaction; SET key response
 //	httpplain POST /orders over loopback to a handler running the bare transaction
 //	http      the same through idemhttp's middleware; compared with httpplain
 //
@@ -63,6 +87,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idemstore/idem/internal/workload"
 )
 
 // Defaults match the machine's local servers, as the tests' do.
@@ -80,6 +106,8 @@ var allScenarios = []string{
 type config struct {
 	targets      []target
 	workers      []int
+	shapes       []workload.Shape
+	rtts         []rttSetting
 	duration     time.Duration
 	warmup       time.Duration
 	reps         int
@@ -121,12 +149,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	m := machine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
 	if cfg.wants("redis") {
 		rc := newRedisClient(cfg.redisAddr, 1)
-		info, err := rc.do(ctx, "INFO", "server")
-		rc.Close()
+		info, err := rc.Info(ctx, "server").Result()
+		_ = rc.Close()
 		if err != nil {
 			return fmt.Errorf("redis at %s (needed by the redis scenario; leave it out with -scenarios): %w", cfg.redisAddr, err)
 		}
-		m.Redis = redisVersion(string(info))
+		m.Redis = redisVersion(info)
 	}
 	rep := &report{Command: "idembench " + strings.Join(args, " "), Machine: m, Started: time.Now().UTC(), Duration: cfg.duration.String(), Warmup: cfg.warmup.String()}
 	fmt.Fprintln(stdout, m)
@@ -204,6 +232,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		db        = fs.String("db", "", "one database instead of -dialect: postgres://..., mysql://<go-sql-driver DSN>, or sqlite:<directory for the files>")
 		workers   = fs.String("workers", "1,8,32,64", "comma-separated worker counts")
 		scenarios = fs.String("scenarios", "all", "comma-separated scenarios, or all: "+strings.Join(allScenarios, ","))
+		shapes    = fs.String("shape", "small,order", "comma-separated business shapes of the writing scenarios: small (one INSERT), order (a product locked and updated, the order and 3 lines inserted)")
+		rtts      = fs.String("rtt", "direct", "comma-separated round-trip times added by a proxy in front of every server: direct (no proxy) or a duration, 0 being the proxy without delay (e.g. direct,0,200us,1ms)")
 	)
 	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "measuring time of each scenario, per worker count and repetition")
 	fs.DurationVar(&cfg.warmup, "warmup", -1, "unrecorded time before each measurement; default a fifth of -duration, at most 1s")
@@ -235,6 +265,12 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 			return nil, fmt.Errorf("-workers: %q is not a positive number", w)
 		}
 		cfg.workers = append(cfg.workers, n)
+	}
+	if cfg.shapes, err = workload.ParseShapes(*shapes); err != nil {
+		return nil, fmt.Errorf("-shape: %w", err)
+	}
+	if cfg.rtts, err = parseRTTs(*rtts); err != nil {
+		return nil, err
 	}
 	cfg.scenarios = make(map[string]bool)
 	for _, s := range strings.Split(*scenarios, ",") {

@@ -6,11 +6,33 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/idemstore/idem/internal/workload"
+)
+
+// writeKind says what a scenario writes, for the exactly-once check.
+type writeKind int
+
+const (
+	writesNothing writeKind = iota // reads: not checked
+	writesPlain                    // an order per operation, no idempotency record
+	writesIdem                     // an order and a completed record per operation
+	writesRedis                    // an order and a Redis key holding the response per operation
 )
 
 // scenario is one kind of operation the tool measures.
 type scenario struct {
 	name string
+	// shape is the business shape of a writing scenario ("" for reads).
+	shape  workload.Shape
+	writes writeKind
+	// expect, when set, returns the orders and completed records the
+	// measurement should have written, from its successful operations
+	// (default: one of each per operation, as writes says).
+	expect func(ops int64) (orders, keys int64)
+	// redisKeys counts the measurement's Redis keys holding the response
+	// and holding anything else (writesRedis).
+	redisKeys func(ctx context.Context) (done, pending int64, err error)
 	// base names the scenario whose throughput, measured in the same
 	// repetition at the same worker count, this one is compared with
 	// besides bare ("" for none).
@@ -38,11 +60,15 @@ type scenario struct {
 // sample is one measurement of one scenario.
 type sample struct {
 	rep     int
-	ops     uint64
+	ops     uint64 // in the recorded window
+	total   int64  // successful operations, warm-up and tail included
 	elapsed time.Duration
-	hist    *histogram
-	note    string
-	extra   map[string]float64
+	// roundTrips is the request-response turns per operation on the
+	// proxied connections (0: not measured, the servers were direct).
+	roundTrips float64
+	hist       *histogram
+	note       string
+	extra      map[string]float64
 }
 
 func (s *sample) opsPerSec() float64 { return float64(s.ops) / s.elapsed.Seconds() }
@@ -50,8 +76,12 @@ func (s *sample) opsPerSec() float64 { return float64(s.ops) / s.elapsed.Seconds
 // measure runs sc's op from workers goroutines for warmup, unrecorded
 // (connections prepare their statements, caches fill), then for d or until
 // sc.during returns, and returns what they did then. The first error of an
-// op stops the measurement and is returned.
-func measure(ctx context.Context, sc *scenario, workers int, warmup, d time.Duration) (*sample, error) {
+// op stops the measurement and is returned. turns, when not nil, counts
+// the round trips so far: those made after the warm-up, divided by the
+// operations recorded, are the sample's round trips per operation (the
+// operations in flight when the warm-up ends make it off by at most one
+// operation's round trips per worker, over the whole window).
+func measure(ctx context.Context, sc *scenario, workers int, warmup, d time.Duration, turns func() int64) (*sample, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -61,6 +91,7 @@ func measure(ctx context.Context, sc *scenario, workers int, warmup, d time.Dura
 		firstErr error
 		hists    = make([]*histogram, workers)
 		counts   = make([]uint64, workers)
+		totals   = make([]int64, workers)
 	)
 	fail := func(err error) {
 		errOnce.Do(func() { firstErr = err })
@@ -90,6 +121,7 @@ func measure(ctx context.Context, sc *scenario, workers int, warmup, d time.Dura
 					fail(fmt.Errorf("%s: %w", sc.name, err))
 					return
 				}
+				totals[w]++
 				if t0.After(from) {
 					h.record(time.Since(t0))
 					counts[w]++
@@ -119,6 +151,14 @@ func measure(ctx context.Context, sc *scenario, workers int, warmup, d time.Dura
 			bgNote, bgExtra, bgErr = sc.during(ctx)
 		}()
 	}
+	var turnsFrom int64
+	if turns != nil {
+		select {
+		case <-time.After(time.Until(from)):
+		case <-ctx.Done():
+		}
+		turnsFrom = turns()
+	}
 	select {
 	case <-timer.C:
 	case <-bgDone:
@@ -145,9 +185,13 @@ func measure(ctx context.Context, sc *scenario, workers int, warmup, d time.Dura
 	for w := range workers {
 		s.hist.merge(hists[w])
 		s.ops += counts[w]
+		s.total += totals[w]
 	}
 	if s.ops == 0 {
 		return nil, fmt.Errorf("%s: no operation completed in %v", sc.name, elapsed)
+	}
+	if turns != nil {
+		s.roundTrips = float64(turns()-turnsFrom) / float64(s.ops)
 	}
 	return s, nil
 }

@@ -10,24 +10,23 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/internal/workload"
 	idemmysql "github.com/idemstore/idem/mysql"
 )
 
 // mysqlStatements: the namespace is a database.
 var mysqlStatements = statements{
-	createOrders: `CREATE TABLE orders (
-		id         BIGINT AUTO_INCREMENT PRIMARY KEY,
-		tenant     VARCHAR(255) NOT NULL,
-		amount     BIGINT NOT NULL,
-		created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
-	) ENGINE = InnoDB`,
 	snapshot: `CREATE TABLE idembench_seed AS SELECT * FROM idempotency_keys`,
+	// The admin connections run with foreign_key_checks=0 (mysqlDB), so
+	// that orders, which order_lines references, can be truncated.
 	reset: []string{
 		`TRUNCATE TABLE idempotency_keys`,
+		`TRUNCATE TABLE order_lines`,
 		`TRUNCATE TABLE orders`,
 		`INSERT INTO idempotency_keys SELECT * FROM idembench_seed`,
-		`ANALYZE TABLE idempotency_keys, orders`,
+		`ANALYZE TABLE idempotency_keys, orders, order_lines, products`,
 	},
+	truncateOrders: []string{`TRUNCATE TABLE order_lines`, `TRUNCATE TABLE orders`},
 	// The template is copied into a table of its own first: an INSERT
 	// that selects from its own table goes through an internal temporary
 	// table, on disk (tmpdir) at 200 000 rows, which failed in a run here.
@@ -63,15 +62,19 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 	if err != nil {
 		return nil, fmt.Errorf("mysql: %w", err)
 	}
-	server, err := mysqlDB(ctx, base, "", 2)
+	server, err := mysqlDB(ctx, base, "", 2, "", true)
 	if err != nil {
 		return nil, err
 	}
 	b := &backend[*sql.Tx]{
-		name:   "mysql",
-		sql:    mysqlStatements,
-		insert: sqlInsert,
-		close:  func() { _ = server.Close() },
+		name:       "mysql",
+		dialect:    workload.MySQL,
+		sql:        mysqlStatements,
+		serverAddr: base.Addr,
+		business: func(s workload.Shape) func(context.Context, *sql.Tx, string) error {
+			return workload.SQLBusiness(s, workload.MySQL)
+		},
+		close: func() { _ = server.Close() },
 		version: func(ctx context.Context) (string, error) {
 			var v string
 			err := server.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&v)
@@ -90,7 +93,7 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			}
 			// Migrate holds its lock on one connection and migrates on
 			// another: a pool of one would wait for itself forever.
-			db, err := mysqlDB(ctx, base, ns, 2)
+			db, err := mysqlDB(ctx, base, ns, 2, "", true)
 			if err != nil {
 				return false, err
 			}
@@ -98,20 +101,24 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			if err := idemmysql.Migrate(ctx, db); err != nil {
 				return false, fmt.Errorf("migrate: %w", err)
 			}
-			_, err = db.ExecContext(ctx, mysqlStatements.createOrders)
-			return false, err
+			for _, q := range workload.Tables(workload.MySQL) {
+				if _, err := db.ExecContext(ctx, q); err != nil {
+					return false, err
+				}
+			}
+			return false, workload.FillProducts(ctx, workload.MySQL, sqlAdmin{db}.exec)
 		},
 		drop: func(ctx context.Context, ns string) error {
 			_, err := server.ExecContext(ctx, "DROP DATABASE IF EXISTS "+ns)
 			return err
 		},
 	}
-	b.open = func(ctx context.Context, ns string, conns int) (*pools[*sql.Tx], error) {
-		db, err := mysqlDB(ctx, base, ns, conns)
+	b.open = func(ctx context.Context, ns string, conns int, via string) (*pools[*sql.Tx], error) {
+		db, err := mysqlDB(ctx, base, ns, conns, via, false)
 		if err != nil {
 			return nil, err
 		}
-		adm, err := mysqlDB(ctx, base, ns, 1)
+		adm, err := mysqlDB(ctx, base, ns, 1, "", true)
 		if err != nil {
 			_ = db.Close()
 			return nil, err
@@ -132,9 +139,22 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 
 // mysqlDB opens a pool of conns connections on database name (none when
 // empty) with what idem needs (parseTime, UTC) and interpolateParams, as
-// BenchmarkIdem does: it saves a prepare round trip per statement.
-func mysqlDB(ctx context.Context, base *gomysql.Config, name string, conns int) (*sql.DB, error) {
+// BenchmarkIdem does: it saves a prepare round trip per statement. via,
+// when not empty, is the host:port to connect to instead of the server's
+// (the latency proxy). An admin pool's connections run without foreign
+// key checks, so that resets can truncate orders.
+func mysqlDB(ctx context.Context, base *gomysql.Config, name string, conns int, via string, admin bool) (*sql.DB, error) {
 	cfg := base.Clone()
+	if via != "" {
+		cfg.Addr = via
+	}
+	if admin {
+		params := map[string]string{"foreign_key_checks": "0"}
+		for k, v := range base.Params {
+			params[k] = v
+		}
+		cfg.Params = params
+	}
 	cfg.DBName = name
 	cfg.ParseTime = true
 	cfg.Loc = time.UTC

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -11,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/internal/workload"
 	idempg "github.com/idemstore/idem/postgres"
 )
 
@@ -20,6 +23,11 @@ type pgAdmin struct{ pool *pgxpool.Pool }
 func (a pgAdmin) exec(ctx context.Context, q string, args ...any) error {
 	_, err := a.pool.Exec(ctx, q, args...)
 	return err
+}
+
+func (a pgAdmin) counts(ctx context.Context, q string) (c workload.Counts, err error) {
+	err = a.pool.QueryRow(ctx, q).Scan(&c.Orders, &c.Lines, &c.Stock, &c.Completed, &c.Pending)
+	return c, err
 }
 
 func (a pgAdmin) queryInt(ctx context.Context, q string, args ...any) (int64, error) {
@@ -33,18 +41,15 @@ FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
 
 // pgStatements: the namespace is a schema, reached through search_path.
 var pgStatements = statements{
-	createOrders: `CREATE TABLE orders (
-		id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-		tenant     text NOT NULL,
-		amount     bigint NOT NULL,
-		created_at timestamptz NOT NULL DEFAULT now()
-	)`,
 	snapshot: `CREATE TABLE idembench_seed AS SELECT * FROM idempotency_keys`,
 	reset: []string{
-		`TRUNCATE idempotency_keys, orders`,
+		`TRUNCATE idempotency_keys, orders, order_lines`,
 		`INSERT INTO idempotency_keys SELECT * FROM idembench_seed`,
-		`ANALYZE idempotency_keys, orders`,
+		// The order shape's stock updates leave dead row versions.
+		`VACUUM ANALYZE products`,
+		`ANALYZE idempotency_keys, orders, order_lines`,
 	},
+	truncateOrders: []string{`TRUNCATE orders, order_lines`},
 	// generate_series makes the rows in the server, in one statement per
 	// chunk: no round trip per row, no data over the wire.
 	fill: `INSERT INTO idempotency_keys (scope, idempotency_key, fingerprint, status, token, attempt,
@@ -67,14 +72,17 @@ var pgStatements = statements{
 // newPGBackend returns the PostgreSQL backend on the server of url; each
 // namespace is a schema in url's database.
 func newPGBackend(ctx context.Context, url string) (*backend[pgx.Tx], error) {
-	server, err := pgPool(ctx, url, "", 2)
+	server, err := pgPool(ctx, url, "", 2, "")
 	if err != nil {
 		return nil, err
 	}
 	b := &backend[pgx.Tx]{
-		name:  "postgres",
-		sql:   pgStatements,
-		close: server.Close,
+		name:       "postgres",
+		dialect:    workload.Postgres,
+		sql:        pgStatements,
+		serverAddr: net.JoinHostPort(server.Config().ConnConfig.Host, strconv.Itoa(int(server.Config().ConnConfig.Port))),
+		business:   workload.PGBusiness,
+		close:      server.Close,
 		version: func(ctx context.Context) (string, error) {
 			var v string
 			err := server.QueryRow(ctx, `SHOW server_version`).Scan(&v)
@@ -91,7 +99,7 @@ func newPGBackend(ctx context.Context, url string) (*backend[pgx.Tx], error) {
 			if err != nil {
 				return false, err
 			}
-			p, err := pgPool(ctx, url, ns, 2)
+			p, err := pgPool(ctx, url, ns, 2, "")
 			if err != nil {
 				return false, err
 			}
@@ -99,24 +107,24 @@ func newPGBackend(ctx context.Context, url string) (*backend[pgx.Tx], error) {
 			if err := idempg.Migrate(ctx, p); err != nil {
 				return false, fmt.Errorf("migrate: %w", err)
 			}
-			_, err = p.Exec(ctx, pgStatements.createOrders)
-			return false, err
+			for _, q := range workload.Tables(workload.Postgres) {
+				if _, err := p.Exec(ctx, q); err != nil {
+					return false, err
+				}
+			}
+			return false, workload.FillProducts(ctx, workload.Postgres, pgAdmin{p}.exec)
 		},
 		drop: func(ctx context.Context, ns string) error {
 			_, err := server.Exec(ctx, "DROP SCHEMA IF EXISTS "+ns+" CASCADE")
 			return err
 		},
-		insert: func(ctx context.Context, tx pgx.Tx, tenant string) error {
-			var id int64
-			return tx.QueryRow(ctx, `INSERT INTO orders (tenant, amount) VALUES ($1, 1999) RETURNING id`, tenant).Scan(&id)
-		},
 	}
-	b.open = func(ctx context.Context, ns string, conns int) (*pools[pgx.Tx], error) {
-		pool, err := pgPool(ctx, url, ns, conns)
+	b.open = func(ctx context.Context, ns string, conns int, via string) (*pools[pgx.Tx], error) {
+		pool, err := pgPool(ctx, url, ns, conns, via)
 		if err != nil {
 			return nil, err
 		}
-		adm, err := pgPool(ctx, url, ns, 1)
+		adm, err := pgPool(ctx, url, ns, 1, "")
 		if err != nil {
 			pool.Close()
 			return nil, err
@@ -145,11 +153,24 @@ func newPGBackend(ctx context.Context, url string) (*backend[pgx.Tx], error) {
 
 // pgPool opens a pool of conns connections whose search_path is schema
 // (the server's default when empty), all connected before it returns so
-// that no measurement pays for a connection.
-func pgPool(ctx context.Context, url, schema string, conns int) (*pgxpool.Pool, error) {
+// that no measurement pays for a connection; via, when not empty, is the
+// host:port to connect to instead of the server's (the latency proxy).
+func pgPool(ctx context.Context, url, schema string, conns int, via string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if via != "" {
+		host, port, err := net.SplitHostPort(via)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: proxy: %w", err)
+		}
+		n, err := strconv.ParseUint(port, 10, 16)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: proxy: %w", err)
+		}
+		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(n)
+		cfg.ConnConfig.Fallbacks = nil
 	}
 	cfg.MaxConns, cfg.MinConns = int32(conns), int32(conns) //nolint:gosec // small worker counts
 	if schema != "" {

@@ -7,7 +7,10 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/idemstore/idem/internal/workload"
 )
 
 // runBackend measures every selected scenario on b, cfg.reps times in
@@ -39,11 +42,11 @@ func runBackend[TTx any](ctx context.Context, cfg *config, b *backend[TTx], log 
 			err = errors.Join(err, fmt.Errorf("drop namespace: %w", derr))
 		}
 	}()
-	seedP, err := b.open(ctx, ns, 8)
+	seedP, err := b.open(ctx, ns, 8, "")
 	if err != nil {
 		return nil, err
 	}
-	keys, err := seedKeys(ctx, seedP.store, b.insert, cfg.seeds)
+	keys, err := seedKeys(ctx, seedP.store, b.business(workload.Small), cfg.seeds)
 	if err == nil {
 		err = seedP.admin.exec(ctx, b.sql.snapshot)
 	}
@@ -75,70 +78,147 @@ func runBackend[TTx any](ctx context.Context, cfg *config, b *backend[TTx], log 
 		res.Namespaces = append(res.Namespaces, pfNS)
 	}
 
-	res.samples = make(map[sampleKey][]*sample)
-	hotDone := make(map[int]bool)
-	for rep := 1; rep <= cfg.reps; rep++ {
-		for _, workers := range cfg.workers {
-			if err := runLevel(ctx, cfg, b, res, rep, workers, ns, pfNS, keys, hotDone, log); err != nil {
+	// One proxy per server and delayed RTT, for the whole run.
+	proxies := make(map[rttSetting]*proxySet)
+	defer func() {
+		for _, ps := range proxies {
+			ps.close()
+		}
+	}()
+	for _, r := range cfg.rtts {
+		if r.direct {
+			continue
+		}
+		ps := &proxySet{}
+		proxies[r] = ps
+		if b.serverAddr != "" {
+			if ps.db, err = startProxy(b.serverAddr, r.rtt); err != nil {
 				return nil, err
+			}
+		}
+		if cfg.wants("redis") {
+			if ps.redis, err = startProxy(cfg.redisAddr, r.rtt); err != nil {
+				return nil, err
+			}
+		}
+	}
+
+	res.samples = make(map[sampleKey][]*sample)
+	hotDone := make(map[string]bool)
+	var gen atomic.Int64
+	for rep := 1; rep <= cfg.reps; rep++ {
+		for _, r := range cfg.rtts {
+			for _, workers := range cfg.workers {
+				lv := &level[TTx]{cfg: cfg, b: b, seeds: keys, workers: workers, runID: cfg.runID, ns: ns, pfNS: pfNS, gen: &gen}
+				if err := runLevel(ctx, lv, res, rep, r, proxies[r], hotDone, log); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}
 	return res, nil
 }
 
-// runLevel measures every scenario once at one worker count.
-func runLevel[TTx any](ctx context.Context, cfg *config, b *backend[TTx], res *dialectResult, rep, workers int,
-	ns, pfNS string, keys []seedKey, hotDone map[int]bool, log io.Writer,
+// proxySet is the latency proxies of one RTT (nil when not needed).
+type proxySet struct{ db, redis *proxy }
+
+func (ps *proxySet) turns() int64 {
+	var n int64
+	for _, p := range []*proxy{ps.db, ps.redis} {
+		if p != nil {
+			n += p.Turns()
+		}
+	}
+	return n
+}
+
+func (ps *proxySet) close() {
+	for _, p := range []*proxy{ps.db, ps.redis} {
+		if p != nil {
+			_ = p.Close()
+		}
+	}
+}
+
+// runLevel measures every scenario of every shape once at one worker count
+// and RTT setting (ps nil: direct).
+func runLevel[TTx any](ctx context.Context, l *level[TTx], res *dialectResult, rep int, r rttSetting, ps *proxySet,
+	hotDone map[string]bool, log io.Writer,
 ) error {
-	l := &level[TTx]{cfg: cfg, b: b, seeds: keys, workers: workers, runID: cfg.runID, ns: ns, pfNS: pfNS}
+	cfg, b, workers := l.cfg, l.b, l.workers
+	redisAddr := cfg.redisAddr
+	if ps != nil {
+		if ps.db != nil {
+			l.via = ps.db.Addr()
+		}
+		if ps.redis != nil {
+			redisAddr = ps.redis.Addr()
+		}
+	}
 	var err error
-	if l.p, err = b.open(ctx, ns, workers); err != nil {
+	if l.p, err = b.open(ctx, l.ns, workers, l.via); err != nil {
 		return err
 	}
 	l.p.close = sync.OnceFunc(l.p.close) // prefill closes it early
 	defer l.p.close()
-	// hotkeys runs once per repetition, with its own worker count.
-	if cfg.wants("hotkeys") && !hotDone[rep] {
-		hotDone[rep] = true
-		l.hotTurn = true
-	}
 	if cfg.wants("redis") {
-		l.redis = newRedisClient(cfg.redisAddr, workers)
-		defer l.redis.Close()
+		l.redis = newRedisClient(redisAddr, workers)
+		defer func() { _ = l.redis.Close() }()
+		l.redisAdmin = newRedisClient(cfg.redisAddr, 1)
+		defer func() { _ = l.redisAdmin.Close() }()
 	}
 	if cfg.wants("http") || cfg.wants("httpplain") {
-		l.httpSrv = newHTTPServer(l.p.store, b.insert)
+		l.httpSrv = newHTTPServer(l.p.store, b.business)
 		defer l.httpSrv.Close()
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = workers, workers
 		l.httpCli = &http.Client{Transport: tr, Timeout: time.Minute}
 		defer tr.CloseIdleConnections()
 	}
-	for _, sc := range l.scenarios() {
+	var all []*scenario
+	for _, shape := range cfg.shapes {
+		// hotkeys runs once per repetition, RTT and shape, with its own
+		// worker count.
+		hk := fmt.Sprintf("%d/%s/%s", rep, r, shape)
+		l.hotTurn = cfg.wants("hotkeys") && !hotDone[hk]
+		hotDone[hk] = true
+		all = append(all, l.scenarios(shape)...)
+	}
+	all = append(all, l.readScenarios()...)
+	if l.pfNS != "" {
+		for _, shape := range cfg.shapes {
+			all = append(all, l.prefillScenario(shape))
+		}
+	}
+	for _, sc := range all {
 		w := workers
 		if sc.workers != 0 {
 			w = sc.workers
 		}
-		s, err := runScenario(ctx, cfg, b, l, sc, w)
+		s, err := runScenario(ctx, cfg, b, l, sc, w, ps)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s %s %s w=%d: %w", r, sc.shape, sc.name, w, err)
 		}
 		s.rep = rep
-		k := sampleKey{scenario: sc.name, workers: w}
+		k := sampleKey{rtt: r.String(), shape: string(sc.shape), scenario: sc.name, workers: w}
 		if _, seen := res.samples[k]; !seen {
 			res.order = append(res.order, k)
 			res.base[sc.name] = sc.base
 		}
 		res.samples[k] = append(res.samples[k], s)
-		fmt.Fprintf(log, "%s rep %d %-9s w=%-3d %8.0f ops/s  p50 %-8s p99 %-8s p999 %-8s %s\n", b.name, rep, sc.name, w,
-			s.opsPerSec(), fmtDur(s.hist.quantile(0.5)), fmtDur(s.hist.quantile(0.99)), fmtDur(s.hist.quantile(0.999)), s.note)
+		rt := ""
+		if s.roundTrips > 0 {
+			rt = fmt.Sprintf("%.2f rt/op", s.roundTrips)
+		}
+		fmt.Fprintf(log, "%s rep %d %-6s %-5s %-9s w=%-3d %8.0f ops/s  p50 %-8s p99 %-8s p999 %-8s %-11s %s\n", b.name, rep, r, sc.shape, sc.name, w,
+			s.opsPerSec(), fmtDur(s.hist.quantile(0.5)), fmtDur(s.hist.quantile(0.99)), fmtDur(s.hist.quantile(0.999)), rt, s.note)
 	}
 	return nil
 }
 
-// runScenario resets the namespace and measures sc with w workers.
-func runScenario[TTx any](ctx context.Context, cfg *config, b *backend[TTx], l *level[TTx], sc *scenario, w int) (*sample, error) {
+// runScenario resets the namespace, measures sc with w workers, counts
+// the round trips through ps (nil: direct) and checks what sc wrote.
+func runScenario[TTx any](ctx context.Context, cfg *config, b *backend[TTx], l *level[TTx], sc *scenario, w int, ps *proxySet) (*sample, error) {
 	if sc.setup != nil {
 		teardown, err := sc.setup(ctx)
 		if err != nil {
@@ -158,9 +238,23 @@ func runScenario[TTx any](ctx context.Context, cfg *config, b *backend[TTx], l *
 			return nil, fmt.Errorf("%s: prepare: %w", sc.name, err)
 		}
 	}
-	s, err := measure(ctx, sc, w, cfg.warmup, cfg.duration)
+	var before workload.Counts
+	if sc.writes != writesNothing {
+		var err error
+		if before, err = a.counts(ctx, workload.CountsQuery(b.dialect)); err != nil {
+			return nil, fmt.Errorf("%s: counts: %w", sc.name, err)
+		}
+	}
+	var turns func() int64
+	if ps != nil {
+		turns = ps.turns
+	}
+	s, err := measure(ctx, sc, w, cfg.warmup, cfg.duration, turns)
 	if err != nil {
 		return nil, err
+	}
+	if err := checkWrites(ctx, b, a, sc, before, s.total); err != nil {
+		return nil, fmt.Errorf("%s: %w", sc.name, err)
 	}
 	if sc.check != nil {
 		note, extra, err := sc.check(ctx)
@@ -172,12 +266,51 @@ func runScenario[TTx any](ctx context.Context, cfg *config, b *backend[TTx], l *
 	return s, nil
 }
 
+// checkWrites is the exactly-once check after a writing measurement: the
+// orders, lines, stock and completed records against the operations that
+// succeeded (ops) and the counts taken before.
+func checkWrites[TTx any](ctx context.Context, b *backend[TTx], a admin, sc *scenario, before workload.Counts, ops int64) error {
+	if sc.writes == writesNothing {
+		return nil
+	}
+	after, err := a.counts(ctx, workload.CountsQuery(b.dialect))
+	if err != nil {
+		return fmt.Errorf("counts: %w", err)
+	}
+	orders, keys := ops, ops
+	if sc.expect != nil {
+		orders, keys = sc.expect(ops)
+	}
+	if sc.writes != writesIdem {
+		keys = 0
+	}
+	errs := []error{workload.CheckWrites(sc.shape, before, after, orders, keys)}
+	if sc.writes == writesRedis {
+		done, pending, err := sc.redisKeys(ctx)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("count Redis keys: %w", err))
+		case done != orders || pending != 0:
+			errs = append(errs, fmt.Errorf("exactly-once check (redis): %d keys hold the response and %d do not, for %d orders", done, pending, orders))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // reset empties the main namespace's tables and restores the seeded
 // records; in the prefilled namespace it only removes what measurements
 // added, which leaves the prefilled records in place.
 func reset[TTx any](ctx context.Context, b *backend[TTx], a admin, prefilled bool) error {
 	if prefilled {
-		return a.exec(ctx, b.sql.deleteScope, "tenant-%")
+		if err := a.exec(ctx, b.sql.deleteScope, "tenant-%"); err != nil {
+			return err
+		}
+		for _, q := range b.sql.truncateOrders {
+			if err := a.exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	for _, q := range b.sql.reset {
 		if err := a.exec(ctx, q); err != nil {
@@ -194,7 +327,7 @@ func preparePrefill[TTx any](ctx context.Context, cfg *config, b *backend[TTx], 
 	if err != nil {
 		return fmt.Errorf("create prefill namespace: %w", err)
 	}
-	p, err := b.open(ctx, ns, 8)
+	p, err := b.open(ctx, ns, 8, "")
 	if err != nil {
 		return err
 	}
@@ -210,7 +343,7 @@ func preparePrefill[TTx any](ctx context.Context, cfg *config, b *backend[TTx], 
 	}
 	t0 := time.Now()
 	// Only the template: the prefill scenario reads no seeded key.
-	if _, err := seedKeys(ctx, p.store, b.insert, 0); err != nil {
+	if _, err := seedKeys(ctx, p.store, b.business(workload.Small), 0); err != nil {
 		return err
 	}
 	if err := fill(ctx, b, p.admin, prefillScope, 1, int64(cfg.prefill), 10*365*24*time.Hour); err != nil {

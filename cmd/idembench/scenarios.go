@@ -8,8 +8,11 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/idemhttp"
@@ -57,17 +60,22 @@ type pools[TTx any] struct {
 	close func()
 }
 
-// admin runs statements of the tool itself (resets, fills, counts).
+// admin runs statements of the tool itself (resets, fills, counts),
+// always on a direct connection, never through the latency proxy.
 type admin interface {
 	exec(ctx context.Context, query string, args ...any) error
 	queryInt(ctx context.Context, query string, args ...any) (int64, error)
+	// counts reads workload.CountsQuery.
+	counts(ctx context.Context, query string) (workload.Counts, error)
 }
 
 // statements are the SQL texts that differ between dialects.
 type statements struct {
-	createOrders string
-	snapshot     string   // copies the seeded records aside
-	reset        []string // empties the tables and restores the copy
+	snapshot string   // copies the seeded records aside
+	reset    []string // empties the tables and restores the copy
+	// truncateOrders empties the orders and order_lines tables (in the
+	// prefilled namespace, whose records only lose the tenants' scopes).
+	truncateOrders []string
 	// fill copies the template record into keys from..to of the scopes
 	// prefix+"00".."99", its retention deadline moved by shift; fillArgs
 	// orders and converts the arguments for it.
@@ -87,19 +95,25 @@ type statements struct {
 // backend is one dialect's side of the tool: how to create, open and drop a
 // namespace, and the statements that differ.
 type backend[TTx any] struct {
-	name string
-	sql  statements
+	name    string
+	dialect workload.Dialect
+	sql     statements
+	// serverAddr is the host:port the latency proxy forwards to ("" for
+	// SQLite, which runs in the process).
+	serverAddr string
 	// version returns the server version.
 	version func(ctx context.Context) (string, error)
 	// create creates namespace ns, migrated with the shipped migrations and
 	// holding an orders table, unless it exists; it reports whether it did.
 	create func(ctx context.Context, ns string) (existed bool, err error)
 	drop   func(ctx context.Context, ns string) error
-	// open opens pools of conns connections on ns.
-	open func(ctx context.Context, ns string, conns int) (*pools[TTx], error)
-	// insert inserts one order in tx and reads its id back.
-	insert func(ctx context.Context, tx TTx, tenant string) error
-	close  func()
+	// open opens pools of conns connections on ns; via, when not empty,
+	// is the host:port of the proxy the measured pools (not the admin
+	// one) connect through.
+	open func(ctx context.Context, ns string, conns int, via string) (*pools[TTx], error)
+	// business returns shape's statements, run in tx for tenant.
+	business func(shape workload.Shape) func(ctx context.Context, tx TTx, tenant string) error
+	close    func()
 }
 
 // inTx runs fn in a business transaction of s's dialect and commits it.
@@ -121,98 +135,31 @@ func inTx[TTx any](ctx context.Context, s *idem.Store[TTx], fn func(tx TTx) erro
 
 var errNotAcquired = errors.New("fresh key not acquired")
 
-// level is what the scenarios of one worker count run on.
+// level is what the scenarios of one worker count and RTT setting run on.
 type level[TTx any] struct {
-	cfg     *config
-	b       *backend[TTx]
-	p       *pools[TTx]  // main namespace
-	ns      string       // main namespace
-	pfNS    string       // prefilled namespace, "" without prefill
-	hotTurn bool         // hotkeys runs at this worker count
-	redis   *redisClient // nil without the redis scenario
-	seeds   []seedKey
-	workers int
-	runID   string
-	httpSrv *httptest.Server
-	httpCli *http.Client
+	cfg        *config
+	b          *backend[TTx]
+	p          *pools[TTx]   // main namespace
+	ns         string        // main namespace
+	pfNS       string        // prefilled namespace, "" without prefill
+	hotTurn    bool          // hotkeys runs at this worker count
+	redis      *redis.Client // nil without the redis scenario; through the proxy
+	redisAdmin *redis.Client // direct, for the exactly-once check
+	via        string        // the database proxy's address, "" for direct
+	seeds      []seedKey
+	workers    int
+	runID      string
+	httpSrv    *httptest.Server
+	httpCli    *http.Client
+	gen        *atomic.Int64 // numbers measurements, for Redis key prefixes
 }
 
-// scenarios returns the scenarios selected in cfg, in the order they run.
-func (l *level[TTx]) scenarios() []*scenario {
-	s, rs, insert := l.p.store, l.p.readStore, l.b.insert
-	callbacks := make([]func(context.Context, TTx) (*idem.Response, error), tenants)
-	for i := range callbacks {
-		tenant := scopes[i]
-		callbacks[i] = func(ctx context.Context, tx TTx) (*idem.Response, error) {
-			return response, insert(ctx, tx, tenant)
-		}
-	}
+// readScenarios returns the selected scenarios that only read the seeded
+// keys (no shape), in the order they run.
+func (l *level[TTx]) readScenarios() []*scenario {
+	rs := l.p.readStore
 	seeded := func() seedKey { return l.seeds[rand.IntN(len(l.seeds))] } //nolint:gosec // workload randomness
-	claimTx := func(s *idem.Store[TTx]) func(ctx context.Context, _ int) error {
-		return func(ctx context.Context, _ int) error {
-			scope, key := randomScope(), workload.NewKey()
-			return inTx(ctx, s, func(tx TTx) error {
-				c, err := s.ClaimTx(ctx, tx, scope, key, fingerprint)
-				if err != nil {
-					return err
-				}
-				if !c.Acquired() {
-					return errNotAcquired
-				}
-				if err := insert(ctx, tx, scope); err != nil {
-					return err
-				}
-				return s.CompleteTx(ctx, tx, c, response)
-			})
-		}
-	}
-
 	all := []*scenario{
-		{name: "bare", op: func(ctx context.Context, _ int) error {
-			tenant := randomScope()
-			return inTx(ctx, s, func(tx TTx) error { return insert(ctx, tx, tenant) })
-		}},
-		{name: "tx", op: claimTx(s)},
-		{name: "do", op: func(ctx context.Context, _ int) error {
-			i := rand.IntN(tenants) //nolint:gosec // workload randomness
-			res, err := s.Do(ctx, scopes[i], workload.NewKey(), fingerprint, callbacks[i])
-			if err == nil && res.Replayed {
-				err = errors.New("fresh key replayed")
-			}
-			return err
-		}},
-		{name: "separate", op: func(ctx context.Context, _ int) error {
-			scope, key := randomScope(), workload.NewKey()
-			c, err := s.Claim(ctx, scope, key, fingerprint)
-			if err != nil {
-				return err
-			}
-			if !c.Acquired() {
-				return errNotAcquired
-			}
-			return inTx(ctx, s, func(tx TTx) error {
-				if err := insert(ctx, tx, scope); err != nil {
-					return err
-				}
-				return s.CompleteTx(ctx, tx, c, response)
-			})
-		}},
-		{name: "leased", op: func(ctx context.Context, _ int) error {
-			scope, key := randomScope(), workload.NewKey()
-			lease, err := s.Acquire(ctx, scope, key, fingerprint)
-			if err != nil {
-				return err
-			}
-			if !lease.Acquired() {
-				return errNotAcquired
-			}
-			return inTx(ctx, s, func(tx TTx) error {
-				if err := insert(ctx, tx, scope); err != nil {
-					return err
-				}
-				return lease.CompleteTx(ctx, tx, response)
-			})
-		}},
 		{name: "replay", base: "pkselect", op: func(ctx context.Context, _ int) error {
 			k := seeded()
 			res, err := rs.Do(ctx, k.scope, k.key, fingerprint, func(context.Context, TTx) (*idem.Response, error) {
@@ -233,11 +180,94 @@ func (l *level[TTx]) scenarios() []*scenario {
 			return l.p.pkSelect(ctx, k.scope, k.key)
 		}},
 	}
+	return slices.DeleteFunc(all, func(sc *scenario) bool { return !l.cfg.wants(sc.name) })
+}
+
+// claimTxOp is the tx scenario's operation on s: BEGIN; ClaimTx; the
+// business statements; CompleteTx; COMMIT.
+func claimTxOp[TTx any](s *idem.Store[TTx], insert func(context.Context, TTx, string) error) func(ctx context.Context, _ int) error {
+	return func(ctx context.Context, _ int) error {
+		scope, key := randomScope(), workload.NewKey()
+		return inTx(ctx, s, func(tx TTx) error {
+			c, err := s.ClaimTx(ctx, tx, scope, key, fingerprint)
+			if err != nil {
+				return err
+			}
+			if !c.Acquired() {
+				return errNotAcquired
+			}
+			if err := insert(ctx, tx, scope); err != nil {
+				return err
+			}
+			return s.CompleteTx(ctx, tx, c, response)
+		})
+	}
+}
+
+// scenarios returns the selected writing scenarios of shape, in the order
+// they run; prefill, which closes the main pools, is left to
+// prefillScenario.
+func (l *level[TTx]) scenarios(shape workload.Shape) []*scenario {
+	s, insert := l.p.store, l.b.business(shape)
+	callbacks := make([]func(context.Context, TTx) (*idem.Response, error), tenants)
+	for i := range callbacks {
+		tenant := scopes[i]
+		callbacks[i] = func(ctx context.Context, tx TTx) (*idem.Response, error) {
+			return response, insert(ctx, tx, tenant)
+		}
+	}
+	all := []*scenario{
+		{name: "bare", writes: writesPlain, op: func(ctx context.Context, _ int) error {
+			tenant := randomScope()
+			return inTx(ctx, s, func(tx TTx) error { return insert(ctx, tx, tenant) })
+		}},
+		{name: "tx", writes: writesIdem, op: claimTxOp(s, insert)},
+		{name: "do", writes: writesIdem, op: func(ctx context.Context, _ int) error {
+			i := rand.IntN(tenants) //nolint:gosec // workload randomness
+			res, err := s.Do(ctx, scopes[i], workload.NewKey(), fingerprint, callbacks[i])
+			if err == nil && res.Replayed {
+				err = errors.New("fresh key replayed")
+			}
+			return err
+		}},
+		{name: "separate", writes: writesIdem, op: func(ctx context.Context, _ int) error {
+			scope, key := randomScope(), workload.NewKey()
+			c, err := s.Claim(ctx, scope, key, fingerprint)
+			if err != nil {
+				return err
+			}
+			if !c.Acquired() {
+				return errNotAcquired
+			}
+			return inTx(ctx, s, func(tx TTx) error {
+				if err := insert(ctx, tx, scope); err != nil {
+					return err
+				}
+				return s.CompleteTx(ctx, tx, c, response)
+			})
+		}},
+		{name: "leased", writes: writesIdem, op: func(ctx context.Context, _ int) error {
+			scope, key := randomScope(), workload.NewKey()
+			lease, err := s.Acquire(ctx, scope, key, fingerprint)
+			if err != nil {
+				return err
+			}
+			if !lease.Acquired() {
+				return errNotAcquired
+			}
+			return inTx(ctx, s, func(tx TTx) error {
+				if err := insert(ctx, tx, scope); err != nil {
+					return err
+				}
+				return lease.CompleteTx(ctx, tx, response)
+			})
+		}},
+	}
 	if l.cfg.wants("hotkeys") && l.hotTurn {
-		all = append(all, l.hotkeys())
+		all = append(all, l.hotkeys(insert))
 	}
 	all = append(all, &scenario{
-		name: "reaper", base: "tx", op: claimTx(s),
+		name: "reaper", base: "tx", writes: writesIdem, op: claimTxOp(s, insert),
 		prepare: func(ctx context.Context) error {
 			return fill(ctx, l.b, l.p.admin, expiredScope, 1, int64(l.cfg.reaperRows), -48*time.Hour)
 		},
@@ -246,37 +276,36 @@ func (l *level[TTx]) scenarios() []*scenario {
 		},
 	})
 	if l.redis != nil {
-		all = append(all, l.redisScenario())
+		all = append(all, l.redisScenario(insert))
 	}
 	if l.httpSrv != nil {
-		all = append(all, l.httpScenarios()...)
-	}
-	if l.pfNS != "" {
-		all = append(all, l.prefillScenario(claimTx))
+		all = append(all, l.httpScenarios(shape)...)
 	}
 	var out []*scenario
 	for _, sc := range all {
 		if l.cfg.wants(sc.name) {
+			sc.shape = shape
 			out = append(out, sc)
 		}
 	}
 	return out
 }
 
-// prefillScenario runs tx on the prefilled namespace. It runs last at each
-// worker count and closes the main pools first: with both open at 64
-// workers, PostgreSQL's 100 connections would not suffice.
-func (l *level[TTx]) prefillScenario(claimTx func(*idem.Store[TTx]) func(context.Context, int) error) *scenario {
+// prefillScenario runs tx of shape on the prefilled namespace. It runs
+// after every other scenario of its worker count and closes the main pools
+// first: with both open at 64 workers, PostgreSQL's 100 connections would
+// not suffice.
+func (l *level[TTx]) prefillScenario(shape workload.Shape) *scenario {
 	var pf *pools[TTx]
-	sc := &scenario{name: "prefill", base: "tx"}
+	sc := &scenario{name: "prefill", base: "tx", shape: shape, writes: writesIdem}
 	sc.admin = func() admin { return pf.admin }
 	sc.setup = func(ctx context.Context) (func(), error) {
 		l.p.close()
 		var err error
-		if pf, err = l.b.open(ctx, l.pfNS, l.workers); err != nil {
+		if pf, err = l.b.open(ctx, l.pfNS, l.workers, l.via); err != nil {
 			return nil, err
 		}
-		sc.op = claimTx(pf.store)
+		sc.op = claimTxOp(pf.store, l.b.business(shape))
 		return pf.close, nil
 	}
 	return sc
@@ -314,7 +343,7 @@ func reap[TTx any](ctx context.Context, s *idem.Store[TTx], want int, cfg *idem.
 // hotkeys runs cfg.hotWorkers workers on cfg.hotKeys keys at a time: the
 // set of keys moves on every hotWindow, so each key meets duplicates while
 // it runs (waits, in progress) and after it completed (replays).
-func (l *level[TTx]) hotkeys() *scenario {
+func (l *level[TTx]) hotkeys(insert func(context.Context, TTx, string) error) *scenario {
 	const hotWindow = 20 * time.Millisecond
 	var (
 		executed, replayed, inProgress atomic.Int64
@@ -322,14 +351,15 @@ func (l *level[TTx]) hotkeys() *scenario {
 		gen                            atomic.Int64
 	)
 	var hot *pools[TTx]
-	insert := l.b.insert
 	return &scenario{
-		name: "hotkeys", workers: l.cfg.hotWorkers,
+		name: "hotkeys", workers: l.cfg.hotWorkers, writes: writesIdem,
+		// Only the executions write an order and complete a key.
+		expect: func(int64) (int64, int64) { return executed.Load(), executed.Load() },
 		setup: func(ctx context.Context) (func(), error) {
 			// More connections than 16 would not add waits on the keys,
 			// only on PostgreSQL's 100 connections, shared by the machine.
 			var err error
-			hot, err = l.b.open(ctx, l.ns, min(l.cfg.hotWorkers, 16))
+			hot, err = l.b.open(ctx, l.ns, min(l.cfg.hotWorkers, 16), l.via)
 			if err != nil {
 				return nil, err
 			}
@@ -386,32 +416,80 @@ func (l *level[TTx]) hotkeys() *scenario {
 }
 
 // redisScenario is the pattern other services use instead of idem: SET NX
-// with a lease in Redis, the bare business transaction, then SET of the
-// response. Completed keys live 10 minutes instead of a day, so that the
-// shared Redis does not keep the run's keys; expiry costs Redis nothing
-// per operation either way.
-func (l *level[TTx]) redisScenario() *scenario {
-	s, insert := l.p.store, l.b.insert
-	prefix := "idembench:" + l.runID + ":"
-	return &scenario{name: "redis", op: func(ctx context.Context, _ int) error {
-		scope, key := randomScope(), prefix+workload.NewKey()
-		ok, err := l.redis.SetNX(ctx, key, []byte("processing"), 30*time.Second)
+// with a lease in Redis (go-redis SetNX with a 30 s expiry), the bare
+// business transaction, then SET of the response. Completed keys live 10
+// minutes instead of a day, so that the shared Redis does not keep the
+// run's keys; expiry costs Redis nothing per operation either way. The
+// check counts the measurement's keys holding the response: one per order.
+func (l *level[TTx]) redisScenario(insert func(context.Context, TTx, string) error) *scenario {
+	s := l.p.store
+	var prefix string
+	return &scenario{
+		name: "redis", writes: writesRedis,
+		prepare: func(context.Context) error {
+			prefix = fmt.Sprintf("idembench:%s:%d:", l.runID, l.gen.Add(1))
+			return nil
+		},
+		op: func(ctx context.Context, _ int) error {
+			scope, key := randomScope(), prefix+workload.NewKey()
+			ok, err := l.redis.SetNX(ctx, key, "processing", 30*time.Second).Result()
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return errNotAcquired
+			}
+			if err := inTx(ctx, s, func(tx TTx) error { return insert(ctx, tx, scope) }); err != nil {
+				return err
+			}
+			return l.redis.Set(ctx, key, response.Body, 10*time.Minute).Err()
+		},
+		redisKeys: func(ctx context.Context) (done, pending int64, err error) {
+			return countRedisKeys(ctx, l.redisAdmin, prefix)
+		},
+	}
+}
+
+// countRedisKeys counts the keys under prefix holding the response (done)
+// and holding anything else (pending).
+func countRedisKeys(ctx context.Context, rc *redis.Client, prefix string) (done, pending int64, err error) {
+	iter := rc.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var batch []string
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		vals, err := rc.MGet(ctx, batch...).Result()
 		if err != nil {
 			return err
 		}
-		if !ok {
-			return errNotAcquired
+		for _, v := range vals {
+			if s, ok := v.(string); ok && s == string(response.Body) {
+				done++
+			} else {
+				pending++
+			}
 		}
-		if err := inTx(ctx, s, func(tx TTx) error { return insert(ctx, tx, scope) }); err != nil {
-			return err
+		batch = batch[:0]
+		return nil
+	}
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 500 {
+			if err := flush(); err != nil {
+				return 0, 0, err
+			}
 		}
-		return l.redis.Set(ctx, key, response.Body, 10*time.Minute)
-	}}
+	}
+	if err := iter.Err(); err != nil {
+		return 0, 0, err
+	}
+	return done, pending, flush()
 }
 
-// httpScenarios post orders to the test server: through the middleware
-// (http) and to the same handler without it (httpplain).
-func (l *level[TTx]) httpScenarios() []*scenario {
+// httpScenarios post orders of shape to the test server: through the
+// middleware (http) and to the same handler without it (httpplain).
+func (l *level[TTx]) httpScenarios(shape workload.Shape) []*scenario {
 	post := func(ctx context.Context, path string, want int) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.httpSrv.URL+path, bytes.NewReader(orderRequest))
 		if err != nil {
@@ -435,17 +513,19 @@ func (l *level[TTx]) httpScenarios() []*scenario {
 		}
 		return nil
 	}
+	plain, idem := "/plain/"+string(shape)+"/orders", "/idem/"+string(shape)+"/orders"
 	return []*scenario{
-		{name: "httpplain", op: func(ctx context.Context, _ int) error { return post(ctx, "/plain/orders", http.StatusCreated) }},
-		{name: "http", base: "httpplain", op: func(ctx context.Context, _ int) error { return post(ctx, "/idem/orders", http.StatusCreated) }},
+		{name: "httpplain", writes: writesPlain, op: func(ctx context.Context, _ int) error { return post(ctx, plain, http.StatusCreated) }},
+		{name: "http", base: "httpplain", writes: writesIdem, op: func(ctx context.Context, _ int) error { return post(ctx, idem, http.StatusCreated) }},
 	}
 }
 
 var orderRequest = []byte(`{"amount":{"value":"1999","currency":"EUR"},"items":[{"sku":"SKU-1234","qty":2}]}`)
 
-// newHTTPServer serves POST /idem/orders through idemhttp and POST
-// /plain/orders without it, both running the same business transaction.
-func newHTTPServer[TTx any](s *idem.Store[TTx], insert func(context.Context, TTx, string) error) *httptest.Server {
+// newHTTPServer serves POST /idem/<shape>/orders through idemhttp and
+// POST /plain/<shape>/orders without it, both running the same business
+// transaction of the shape.
+func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) func(context.Context, TTx, string) error) *httptest.Server {
 	write := func(w http.ResponseWriter) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", "/orders/ord_7GQ2V9X4KD8M3N5P")
@@ -454,27 +534,30 @@ func newHTTPServer[TTx any](s *idem.Store[TTx], insert func(context.Context, TTx
 	}
 	mux := http.NewServeMux()
 	mw := idemhttp.New(s, nil)
-	mux.Handle("POST /idem/orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := idemhttp.Tx[TTx](r.Context())
-		if !ok {
-			http.Error(w, "no transaction", http.StatusInternalServerError)
-			return
-		}
-		if err := insert(r.Context(), tx, "http"); err != nil {
-			http.Error(w, "no order", http.StatusInternalServerError)
-			return
-		}
-		write(w)
-	})))
-	mux.HandleFunc("POST /plain/orders", func(w http.ResponseWriter, r *http.Request) {
-		ctx := r.Context()
-		err := inTx(ctx, s, func(tx TTx) error { return insert(ctx, tx, "http") })
-		if err != nil {
-			http.Error(w, "no order", http.StatusInternalServerError)
-			return
-		}
-		write(w)
-	})
+	for _, shape := range workload.Shapes {
+		insert := business(shape)
+		mux.Handle("POST /idem/"+string(shape)+"/orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tx, ok := idemhttp.Tx[TTx](r.Context())
+			if !ok {
+				http.Error(w, "no transaction", http.StatusInternalServerError)
+				return
+			}
+			if err := insert(r.Context(), tx, "http"); err != nil {
+				http.Error(w, "no order", http.StatusInternalServerError)
+				return
+			}
+			write(w)
+		})))
+		mux.HandleFunc("POST /plain/"+string(shape)+"/orders", func(w http.ResponseWriter, r *http.Request) {
+			ctx := r.Context()
+			err := inTx(ctx, s, func(tx TTx) error { return insert(ctx, tx, "http") })
+			if err != nil {
+				http.Error(w, "no order", http.StatusInternalServerError)
+				return
+			}
+			write(w)
+		})
+	}
 	return httptest.NewServer(mux)
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,11 +16,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemstore/idem/internal/testdb"
+	"github.com/idemstore/idem/internal/workload"
 )
 
-// TestSmoke runs every scenario briefly on SQLite with 2 workers: each
-// must complete operations without error (hotkeys checks its executions
-// against the orders written), and the table and JSON must list them all.
+// TestSmoke runs every scenario of both shapes briefly on SQLite with 2
+// workers, directly and through the latency proxy (which only Redis is
+// behind): each must complete operations without error and pass its
+// exactly-once check, and the table and JSON must list them all.
 func TestSmoke(t *testing.T) {
 	t.Parallel()
 	scenarios := slices.Clone(allScenarios)
@@ -36,7 +39,7 @@ func TestSmoke(t *testing.T) {
 	err := run(t.Context(), []string{
 		"-db", "sqlite:" + dir, "-workers", "2", "-duration", "200ms", "-reps", "1",
 		"-prefill", "2000", "-reaper-rows", "2000", "-hot-workers", "20", "-seeds", "100",
-		"-scenarios", strings.Join(scenarios, ","), "-json", jsonPath, "-redis", addr,
+		"-scenarios", strings.Join(scenarios, ","), "-json", jsonPath, "-redis", addr, "-rtt", "direct,0",
 	}, &stdout, &stderr)
 	require.NoError(t, err, "stderr:\n%s", stderr.String())
 	t.Log(stdout.String())
@@ -46,9 +49,9 @@ func TestSmoke(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, json.Unmarshal(raw, &rep))
 	require.Len(t, rep.Dialects, 1)
-	var names []string
+	names := map[string][]string{} // by RTT and shape
 	for _, r := range rep.Dialects[0].Rows {
-		names = append(names, r.Scenario)
+		names[r.RTT+" "+r.Shape] = append(names[r.RTT+" "+r.Shape], r.Scenario)
 		require.Positive(t, r.OpsPerSec, r.Scenario)
 		require.Positive(t, r.P50, r.Scenario)
 		require.LessOrEqual(t, r.P50, r.P99, r.Scenario)
@@ -62,18 +65,43 @@ func TestSmoke(t *testing.T) {
 		case "reaper":
 			require.Positive(t, r.Extra["reaper_rows"])
 			require.Equal(t, "tx", r.Base)
-		case "bare":
+		case "replay", "get":
+			require.Empty(t, r.Shape)
+			require.Equal(t, "pkselect", r.Base)
+			require.Positive(t, r.VsBase, r.Scenario)
+		case "bare", "pkselect":
 		default:
 			require.Positive(t, r.VsBare, r.Scenario)
 		}
-		require.Contains(t, stdout.String(), "| "+r.Scenario+" ")
+		// Only Redis is behind the proxy: SETNX and SET, 2 round trips.
+		switch {
+		case r.Scenario == "redis" && r.RTT == "proxy0":
+			require.InDelta(t, 2, r.RoundTrips, 0.05)
+		default:
+			require.Zero(t, r.RoundTrips, "%s %s", r.RTT, r.Scenario)
+		}
+		require.Contains(t, stdout.String(), " "+r.Scenario+" ")
 	}
-	require.ElementsMatch(t, scenarios, names)
+	reads := []string{"replay", "get", "pkselect"}
+	writes := slices.DeleteFunc(slices.Clone(scenarios), func(s string) bool { return slices.Contains(reads, s) })
+	for _, rtt := range []string{"direct", "proxy0"} {
+		require.ElementsMatch(t, reads, names[rtt+" "], rtt)
+		for _, shape := range []string{"small", "order"} {
+			require.ElementsMatch(t, writes, names[rtt+" "+shape], "%s %s", rtt, shape)
+		}
+	}
 
 	// The run's files are gone: namespaces are dropped without -keep.
 	left, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Empty(t, left)
+}
+
+func testRedisAddr() string {
+	if addr := os.Getenv("IDEM_TEST_REDIS_ADDR"); addr != "" {
+		return addr
+	}
+	return "127.0.0.1:6379"
 }
 
 func redisUp(addr string) bool {
@@ -97,7 +125,19 @@ func TestParseFlags(t *testing.T) {
 			require.Len(t, c.targets, 3)
 			require.Equal(t, []int{1, 8, 32, 64}, c.workers)
 			require.Len(t, c.scenarios, len(allScenarios))
+			require.Equal(t, []workload.Shape{workload.Small, workload.Order}, c.shapes)
+			require.Equal(t, []rttSetting{{direct: true}}, c.rtts)
 		}},
+		{args: []string{"-shape", "order", "-rtt", "direct, 0,200us,1ms"}, check: func(t *testing.T, c *config) {
+			t.Helper()
+			require.Equal(t, []workload.Shape{workload.Order}, c.shapes)
+			require.Equal(t, []rttSetting{{direct: true}, {}, {rtt: 200 * time.Microsecond}, {rtt: time.Millisecond}}, c.rtts)
+			require.Equal(t, "direct proxy0 200µs 1ms", fmt.Sprint(c.rtts[0], c.rtts[1], c.rtts[2], c.rtts[3]))
+		}},
+		{args: []string{"-shape", "big"}, wantErr: `-shape: unknown shape "big"`},
+		{args: []string{"-rtt", "fast"}, wantErr: `-rtt: "fast" is neither direct nor a duration`},
+		{args: []string{"-rtt", "-1ms"}, wantErr: `-rtt: "-1ms" is neither direct nor a duration`},
+		{args: []string{"-rtt", "0,0s"}, wantErr: `given twice`},
 		{args: []string{"-db", "mysql://root@tcp(127.0.0.1:3306)/test", "-scenarios", "bare, tx", "-workers", "2,4"}, check: func(t *testing.T, c *config) {
 			t.Helper()
 			require.Equal(t, []target{{"mysql", "root@tcp(127.0.0.1:3306)/test"}}, c.targets)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+
+	"github.com/idemstore/idem/internal/workload"
 )
 
 // sqlAdmin runs the tool's statements on a database/sql pool.
@@ -12,6 +14,11 @@ type sqlAdmin struct{ db *sql.DB }
 func (a sqlAdmin) exec(ctx context.Context, q string, args ...any) error {
 	_, err := a.db.ExecContext(ctx, q, args...)
 	return err
+}
+
+func (a sqlAdmin) counts(ctx context.Context, q string) (c workload.Counts, err error) {
+	err = a.db.QueryRowContext(ctx, q).Scan(&c.Orders, &c.Lines, &c.Stock, &c.Completed, &c.Pending)
+	return c, err
 }
 
 func (a sqlAdmin) queryInt(ctx context.Context, q string, args ...any) (int64, error) {
@@ -34,16 +41,6 @@ func sqlPKSelect(db *sql.DB) func(ctx context.Context, scope, key string) error 
 		)
 		return db.QueryRowContext(ctx, sqlSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
 	}
-}
-
-// sqlInsert inserts one order and reads its id back, on MySQL and SQLite.
-func sqlInsert(ctx context.Context, tx *sql.Tx, tenant string) error {
-	res, err := tx.ExecContext(ctx, `INSERT INTO orders (tenant, amount) VALUES (?, 1999)`, tenant)
-	if err != nil {
-		return err
-	}
-	_, err = res.LastInsertId()
-	return err
 }
 
 // warm opens conns connections of db before a measurement needs them.

@@ -11,20 +11,16 @@ import (
 	"time"
 
 	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/internal/workload"
 	idemsqlite "github.com/idemstore/idem/sqlite"
 )
 
 // sqliteStatements: the namespace is a database file.
 var sqliteStatements = statements{
-	createOrders: `CREATE TABLE orders (
-		id         INTEGER PRIMARY KEY,
-		tenant     TEXT NOT NULL,
-		amount     INTEGER NOT NULL,
-		created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
-	)`,
 	snapshot: `CREATE TABLE idembench_seed AS SELECT * FROM idempotency_keys`,
 	reset: []string{
 		`DELETE FROM idempotency_keys`,
+		`DELETE FROM order_lines`,
 		`DELETE FROM orders`,
 		`INSERT INTO idempotency_keys SELECT * FROM idembench_seed`,
 		`PRAGMA wal_checkpoint(TRUNCATE)`,
@@ -44,6 +40,7 @@ var sqliteStatements = statements{
 	fillArgs: func(prefix string, from, to int64, shift time.Duration) []any {
 		return []any{from, to, prefix, shift.Microseconds()}
 	},
+	truncateOrders: []string{`DELETE FROM order_lines`, `DELETE FROM orders`},
 	countOrders:    `SELECT COUNT(*) FROM orders WHERE tenant = ?`,
 	countCompleted: `SELECT COUNT(*) FROM idempotency_keys WHERE scope = ? AND status = 2`,
 	deleteScope:    `DELETE FROM idempotency_keys WHERE scope LIKE ?`,
@@ -55,10 +52,13 @@ var sqliteStatements = statements{
 func newSQLiteBackend(dir string) *backend[*sql.Tx] {
 	path := func(ns string) string { return filepath.Join(dir, ns+".db") }
 	b := &backend[*sql.Tx]{
-		name:   "sqlite",
-		sql:    sqliteStatements,
-		insert: sqlInsert,
-		close:  func() {},
+		name:    "sqlite",
+		dialect: workload.SQLite,
+		sql:     sqliteStatements,
+		business: func(s workload.Shape) func(context.Context, *sql.Tx, string) error {
+			return workload.SQLBusiness(s, workload.SQLite)
+		},
+		close: func() {},
 		create: func(ctx context.Context, ns string) (bool, error) {
 			if _, err := os.Stat(path(ns)); err == nil {
 				return true, nil
@@ -73,8 +73,12 @@ func newSQLiteBackend(dir string) *backend[*sql.Tx] {
 			if err := idemsqlite.Migrate(ctx, db); err != nil {
 				return false, fmt.Errorf("migrate: %w", err)
 			}
-			_, err = db.ExecContext(ctx, sqliteStatements.createOrders)
-			return false, err
+			for _, q := range workload.Tables(workload.SQLite) {
+				if _, err := db.ExecContext(ctx, q); err != nil {
+					return false, err
+				}
+			}
+			return false, workload.FillProducts(ctx, workload.SQLite, sqlAdmin{db}.exec)
 		},
 		drop: func(_ context.Context, ns string) error {
 			var errs []error
@@ -99,7 +103,9 @@ func newSQLiteBackend(dir string) *backend[*sql.Tx] {
 	// As in BenchmarkIdem and the lab: writes through one connection, so
 	// writers queue in Go instead of polling SQLite's lock, and reads
 	// through a pool of one connection per worker.
-	b.open = func(ctx context.Context, ns string, conns int) (*pools[*sql.Tx], error) {
+	// SQLite runs in the process: there is nothing to put behind the
+	// latency proxy (via is ignored).
+	b.open = func(ctx context.Context, ns string, conns int, _ string) (*pools[*sql.Tx], error) {
 		var dbs []*sql.DB
 		closeAll := func() {
 			for _, db := range dbs {

@@ -4,12 +4,16 @@
 // insert, a primary-key read, a reset), and [Run] defines the scenarios.
 //
 // Every scenario runs as a sub-benchmark of one benchmark, serially
-// (BenchmarkIdem/c=1/<scenario>) and from about 8 goroutines
-// (BenchmarkIdem/c=8/<scenario>; other levels through [LevelsEnv]), so that
-// one `go test -bench` run measures the bare business transaction next to
-// each idempotent variant and the ratio can be read directly
-// (each scenario reports it as the x_bare or x_pk_select metric, and
-// internal/cmd/benchratio prints the tables).
+// (BenchmarkIdem/c=1/...) and from about 8 goroutines (BenchmarkIdem/c=8/...;
+// other levels through [LevelsEnv]); the writing scenarios once per
+// business shape (BenchmarkIdem/c=8/small/<scenario>,
+// BenchmarkIdem/c=8/order/<scenario>; [ShapesEnv] picks them), the reads
+// once (BenchmarkIdem/c=8/read/<scenario>). So one `go test -bench` run
+// measures the bare business transaction next to each idempotent variant
+// and the ratio can be read directly (each scenario reports it as the
+// x_bare or x_pk_select metric, and internal/cmd/benchratio prints the
+// tables). Every writing measurement ends with the exactly-once check of
+// workload.CheckWrites.
 // docs/performance.md describes the scenarios and the results.
 package benchkit
 
@@ -23,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idemstore/idem"
@@ -39,6 +44,24 @@ var defaultLevels = []int{1, 8}
 // run (plus the other levels'), which a shared server with PostgreSQL's
 // default max_connections of 100 may not have to spare.
 const LevelsEnv = "IDEM_BENCH_CONC"
+
+// ShapesEnv names the environment variable that replaces the default
+// business shapes ("small,order", see workload.Shape) of the writing
+// scenarios with a comma-separated list.
+const ShapesEnv = "IDEM_BENCH_SHAPES"
+
+// shapes returns the business shapes to measure.
+func shapes() ([]workload.Shape, error) {
+	v := os.Getenv(ShapesEnv)
+	if v == "" {
+		return workload.Shapes, nil
+	}
+	s, err := workload.ParseShapes(v)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", ShapesEnv, err)
+	}
+	return s, nil
+}
 
 // levels returns the concurrency levels to measure.
 func levels() ([]int, error) {
@@ -78,30 +101,33 @@ type Pools[TTx any] struct {
 	// Floor is the least any design with the protocol's semantics must do
 	// for a new key, written by hand with the dialect's cheapest statements
 	// and without idem: the business transaction (begun as Store's dialect
-	// begins it, with InsertOrder for tenant scope) plus one primary-key
+	// begins it, with business for tenant scope) plus one primary-key
 	// read of the key before the business write and one insert of the
 	// finished record after it, batched like Do batches where the driver
 	// can. It takes no lock and decides nothing, so it is not safe (two
 	// concurrent duplicates would both write); its throughput bounds what
 	// idem's transactional path can reach on this machine.
-	Floor func(ctx context.Context, scope, key string) error
+	Floor func(ctx context.Context, business func(context.Context, TTx, string) error, scope, key string) error
 }
 
 // Target is one dialect under benchmark, on a namespace (schema, database
 // or file) of its own that already holds the migrated idempotency_keys
-// table and an orders table.
+// table and the tables of workload.Tables, with the products of
+// workload.FillProducts.
 type Target[TTx any] struct {
 	// Open returns pools of size conc on the namespace, closed when b ends.
 	Open func(b *testing.B, conc int) *Pools[TTx]
-	// InsertOrder inserts one order for tenant in tx and reads its
-	// generated id back (RETURNING id or LastInsertId).
-	InsertOrder func(ctx context.Context, tx TTx, tenant string) error
+	// Business returns the statements of shape s, run in tx for tenant
+	// (workload.PGBusiness or workload.SQLBusiness).
+	Business func(s workload.Shape) func(ctx context.Context, tx TTx, tenant string) error
 	// Snapshot copies the seeded idempotency records aside; Reset empties
-	// the orders and idempotency_keys tables, restores the copy, refreshes
-	// the planner statistics and checkpoints, so that every measurement
-	// starts from the same state.
+	// the orders, order_lines and idempotency_keys tables, restores the
+	// copy, refreshes the planner statistics and checkpoints, so that
+	// every measurement starts from the same state.
 	Snapshot func(ctx context.Context) error
 	Reset    func(ctx context.Context) error
+	// Counts reads workload.CountsQuery on the namespace.
+	Counts func(ctx context.Context) (workload.Counts, error)
 }
 
 // Response is what every completion stores (workload.Response).
@@ -123,6 +149,9 @@ type seedKey struct{ scope, key string }
 type scenario struct {
 	name string
 	op   func(ctx context.Context) error
+	// keys is whether each operation completes an idempotency record;
+	// reads are not checked.
+	keys, read bool
 }
 
 // Run runs every scenario at every concurrency level against t.
@@ -130,6 +159,10 @@ func Run[TTx any](b *testing.B, t Target[TTx]) {
 	b.Helper()
 	ctx := context.Background()
 	concs, err := levels()
+	if err != nil {
+		b.Fatal(err)
+	}
+	shapes, err := shapes()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -143,7 +176,7 @@ func Run[TTx any](b *testing.B, t Target[TTx]) {
 	for i := range keys {
 		keys[i] = seedKey{scope: scopes[i%tenants], key: workload.NewKey()}
 	}
-	if err := seed(ctx, pools[len(pools)-1].Store, t.InsertOrder, keys); err != nil {
+	if err := seed(ctx, pools[len(pools)-1].Store, t.Business(workload.Small), keys); err != nil {
 		b.Fatalf("seed: %v", err)
 	}
 	if err := t.Snapshot(ctx); err != nil {
@@ -152,13 +185,26 @@ func Run[TTx any](b *testing.B, t Target[TTx]) {
 
 	for i, c := range concs {
 		b.Run("c="+strconv.Itoa(c), func(b *testing.B) {
-			var base baselines
-			for _, s := range scenarios(pools[i], t.InsertOrder, keys) {
-				b.Run(s.name, func(b *testing.B) {
-					measure(b, t, c, s.op)
-					base.report(b, s.name)
+			for _, shape := range shapes {
+				b.Run(string(shape), func(b *testing.B) {
+					var base baselines
+					for _, s := range writeScenarios(pools[i], t.Business(shape)) {
+						b.Run(s.name, func(b *testing.B) {
+							measure(b, t, shape, c, s)
+							base.report(b, s.name)
+						})
+					}
 				})
 			}
+			b.Run("read", func(b *testing.B) {
+				var base baselines
+				for _, s := range readScenarios(pools[i], keys) {
+					b.Run(s.name, func(b *testing.B) {
+						measure(b, t, "", c, s)
+						base.report(b, s.name)
+					})
+				}
+			})
 		})
 	}
 }
@@ -200,14 +246,48 @@ func (base *baselines) report(b *testing.B, scenario string) {
 	}
 }
 
-// measure resets the tables, then runs op b.N times: in a loop when conc is
-// 1, otherwise from about conc goroutines.
-func measure[TTx any](b *testing.B, t Target[TTx], conc int, op func(context.Context) error) {
+// measure resets the tables, then runs s.op b.N times: in a loop when conc
+// is 1, otherwise from about conc goroutines; then, for a writing scenario,
+// checks that every successful operation wrote its order (of shape) once
+// and, with s.keys, completed its record.
+func measure[TTx any](b *testing.B, t Target[TTx], shape workload.Shape, conc int, s scenario) {
 	b.Helper()
 	ctx := context.Background()
 	if err := t.Reset(ctx); err != nil {
 		b.Fatalf("reset: %v", err)
 	}
+	var before workload.Counts
+	if !s.read {
+		var err error
+		if before, err = t.Counts(ctx); err != nil {
+			b.Fatalf("counts: %v", err)
+		}
+	}
+	var ops atomic.Int64
+	op := func(ctx context.Context) error {
+		err := s.op(ctx)
+		if err == nil {
+			ops.Add(1)
+		}
+		return err
+	}
+	defer func() {
+		if s.read || b.Failed() {
+			return
+		}
+		b.StopTimer()
+		after, err := t.Counts(ctx)
+		if err != nil {
+			b.Fatalf("counts: %v", err)
+		}
+		keys := int64(0)
+		if s.keys {
+			keys = ops.Load()
+		}
+		if err := workload.CheckWrites(shape, before, after, ops.Load(), keys); err != nil {
+			b.Fatal(err)
+		}
+	}()
 	b.ReportAllocs()
 	if conc == 1 {
 		for b.Loop() {
@@ -237,12 +317,9 @@ func measure[TTx any](b *testing.B, t Target[TTx], conc int, op func(context.Con
 	}
 }
 
-func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string) error, keys []seedKey) []scenario {
+// writeScenarios are the scenarios writing an order with insert.
+func writeScenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string) error) []scenario {
 	s, d := p.Store, p.Store.Dialect()
-	rs := p.ReadStore
-	if rs == nil {
-		rs = s
-	}
 	// One Do callback per tenant, built once, so that Do's figures carry
 	// no allocation of the benchmark's own.
 	callbacks := make([]func(context.Context, TTx) (*idem.Response, error), tenants)
@@ -267,16 +344,14 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 		}
 		return d.Commit(ctx, tx)
 	}
-	seeded := func() seedKey { return keys[rand.IntN(len(keys))] } //nolint:gosec // not security-sensitive: benchmark workload randomness
-
 	return []scenario{
 		{"bare", func(ctx context.Context) error {
 			tenant := scopes[rand.IntN(tenants)] //nolint:gosec // not security-sensitive: benchmark workload randomness
 			return inTx(ctx, func(tx TTx) error { return insert(ctx, tx, tenant) })
-		}},
+		}, false, false},
 		{"floor", func(ctx context.Context) error {
-			return p.Floor(ctx, scopes[rand.IntN(tenants)], workload.NewKey()) //nolint:gosec // not security-sensitive: benchmark workload randomness
-		}},
+			return p.Floor(ctx, insert, scopes[rand.IntN(tenants)], workload.NewKey()) //nolint:gosec // not security-sensitive: benchmark workload randomness
+		}, true, false},
 		{"tx", func(ctx context.Context) error {
 			scope, key := scopes[rand.IntN(tenants)], workload.NewKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
 			return inTx(ctx, func(tx TTx) error {
@@ -292,7 +367,7 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 				}
 				return s.CompleteTx(ctx, tx, c, Response)
 			})
-		}},
+		}, true, false},
 		{"do", func(ctx context.Context) error {
 			i := rand.IntN(tenants) //nolint:gosec // not security-sensitive: benchmark workload randomness
 			res, err := s.Do(ctx, scopes[i], workload.NewKey(), fingerprint, callbacks[i])
@@ -300,7 +375,7 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 				err = errors.New("do: fresh key replayed")
 			}
 			return err
-		}},
+		}, true, false},
 		{"separate_tx", func(ctx context.Context) error {
 			scope, key := scopes[rand.IntN(tenants)], workload.NewKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
 			c, err := s.Claim(ctx, scope, key, fingerprint)
@@ -316,7 +391,7 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 				}
 				return s.CompleteTx(ctx, tx, c, Response)
 			})
-		}},
+		}, true, false},
 		{"leased", func(ctx context.Context) error {
 			scope, key := scopes[rand.IntN(tenants)], workload.NewKey() //nolint:gosec // not security-sensitive: benchmark workload randomness
 			l, err := s.Acquire(ctx, scope, key, fingerprint)
@@ -332,11 +407,22 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 				}
 				return l.CompleteTx(ctx, tx, Response)
 			})
-		}},
+		}, true, false},
+	}
+}
+
+// readScenarios are the scenarios reading the seeded keys.
+func readScenarios[TTx any](p *Pools[TTx], keys []seedKey) []scenario {
+	rs := p.ReadStore
+	if rs == nil {
+		rs = p.Store
+	}
+	seeded := func() seedKey { return keys[rand.IntN(len(keys))] } //nolint:gosec // not security-sensitive: benchmark workload randomness
+	return []scenario{
 		{"pk_select", func(ctx context.Context) error {
 			k := seeded()
 			return p.PKSelect(ctx, k.scope, k.key)
-		}},
+		}, false, true},
 		{"replay", func(ctx context.Context) error {
 			k := seeded()
 			c, err := rs.Claim(ctx, k.scope, k.key, fingerprint)
@@ -344,7 +430,7 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 				err = errors.New("replay: seeded key acquired")
 			}
 			return err
-		}},
+		}, false, true},
 		{"mismatch", func(ctx context.Context) error {
 			k := seeded()
 			_, err := rs.Claim(ctx, k.scope, k.key, otherFingerprint)
@@ -352,7 +438,7 @@ func scenarios[TTx any](p *Pools[TTx], insert func(context.Context, TTx, string)
 				return fmt.Errorf("mismatch: want ErrFingerprint, got %v", err) //nolint:errorlint // err may be nil (%w would print %!w(<nil>)); it is only reported
 			}
 			return nil
-		}},
+		}, false, true},
 	}
 }
 

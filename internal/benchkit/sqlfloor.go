@@ -8,7 +8,7 @@ import (
 
 // SQLFloor is Pools.Floor for a database/sql dialect: BEGIN on db, the
 // primary-key read of the key (readQuery, prepared as read when
-// not nil), insertOrder, the insert of the finished record (insertQuery,
+// not nil), insertOrder (the business shape), the insert of the finished record (insertQuery,
 // prepared as insert when not nil) and COMMIT, one round trip each.
 // insertArgs returns the insert's arguments after scope, key, fingerprint
 // and token; nil gives the response's status code, headers and body.
