@@ -65,7 +65,9 @@ type Verdict struct {
 	// Response is stored and replayed when Kind is VerdictCommitted, and
 	// required then. Rebuild it from the business row (201 with the
 	// order), or point at the resource (303 or 409 with Location) when no
-	// body can be rebuilt.
+	// body can be rebuilt. A response that fails [Response.Validate] or the
+	// Config's size limits (a forgotten StatusCode) is not stored: the
+	// verdict counts as unknown and is logged.
 	Response *Response
 	// Failed stores Response as a final failure instead of a success.
 	Failed bool
@@ -129,9 +131,14 @@ func (s *Store[TTx]) runCheck(ctx context.Context, rec *Record) (v Verdict, err 
 		// have run out meanwhile and another caller may be checking now.
 		return Verdict{}, fmt.Errorf("idem: status check overran its %s timeout", s.cfg.StatusCheckTimeout)
 	case err != nil:
-		return Verdict{}, fmt.Errorf("idem: status check: %w", err)
+		return Verdict{}, &checkError{msg: "idem: status check failed", cause: err, user: true}
 	case v.Kind == VerdictCommitted && v.Response == nil:
 		return Verdict{}, errors.New("idem: status check answered committed without a response")
+	case v.Kind == VerdictCommitted:
+		if err := s.validateResponse(v.Response); err != nil {
+			// Stored, it would poison the key: every replay would fail.
+			return Verdict{}, &checkError{msg: "idem: status check answered committed with an invalid response", cause: err}
+		}
 	case v.Kind != VerdictCommitted && v.Kind != VerdictNotCommitted && v.Kind != VerdictUnknown:
 		return Verdict{}, fmt.Errorf("idem: status check answered an invalid verdict %d", v.Kind)
 	}
@@ -156,7 +163,7 @@ func (s *Store[TTx]) resolveStale(ctx context.Context, exec Executor, rec *Recor
 	s.observeCheck(ctx, start, rec, v, checkErr)
 	if checkErr != nil {
 		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: status check failed; record stays processing",
-			slog.String("key", kd), slog.String("error", checkErr.Error()))
+			append([]slog.Attr{slog.String("key", kd)}, s.checkErrorAttrs(checkErr)...)...)
 	}
 	switch v.Kind {
 	case VerdictCommitted:
@@ -249,6 +256,9 @@ func (s *Store[TTx]) claimStale(ctx context.Context, exec Executor, inTx bool, r
 			return acquired, nil
 		case resolvedCommitted:
 			done, err := exec.Get(ctx, &GetParams{Scope: rec.Scope, Key: rec.Key, Now: s.now()})
+			if err == nil || !errors.Is(err, ErrNotFound) {
+				err = s.checkRead(ctx, done, err, kd)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("idem: read recovered key %s: %w", kd, err)
 			}

@@ -81,6 +81,27 @@ type Config struct {
 	// out counts as unknown. Defaults to 10s.
 	StatusCheckTimeout time.Duration
 
+	// MaxResponseBytes bounds the body of a stored response; a larger one
+	// is refused with [ErrInvalidResponse] and nothing is stored. Keep it
+	// below what the database accepts in one statement (MySQL's
+	// max_allowed_packet). idemhttp's own Config.MaxResponseBytes must not
+	// exceed it. Defaults to 8 MiB ([DefaultMaxResponseBytes]).
+	MaxResponseBytes int
+
+	// MaxResponseHeaderBytes bounds the headers of a stored response,
+	// counted as header lines ("Name: value\r\n"); larger ones are refused
+	// with [ErrInvalidResponse]. Defaults to 64 KiB
+	// ([DefaultMaxResponseHeaderBytes]).
+	MaxResponseHeaderBytes int
+
+	// LogCallbackErrors adds the text of errors returned by the
+	// application's callbacks (a StatusCheck, a [Store.Do] callback) to
+	// the Logger's records. Such text may carry keys, tenants or business
+	// data (an error such as fmt.Errorf("lookup %s", key)), so by default
+	// only the error's class is logged, with the key's digest. Defaults to
+	// false.
+	LogCallbackErrors bool
+
 	// BlindTakeover hands a key whose lease ran out to the next claimer
 	// without asking anyone. Only safe when the business effect is itself
 	// idempotent or cannot have happened without the record completing
@@ -134,6 +155,12 @@ func (c *Config) withDefaults() Config {
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
+	if out.MaxResponseBytes == 0 {
+		out.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if out.MaxResponseHeaderBytes == 0 {
+		out.MaxResponseHeaderBytes = DefaultMaxResponseHeaderBytes
+	}
 	return out
 }
 
@@ -149,6 +176,10 @@ func (c *Config) validate() error {
 		return errors.New("idem: Config.Retention must not be shorter than Config.LeaseDuration")
 	case c.StatusCheckTimeout < 0:
 		return errors.New("idem: Config.StatusCheckTimeout must not be negative")
+	case c.MaxResponseBytes < 0:
+		return errors.New("idem: Config.MaxResponseBytes must not be negative")
+	case c.MaxResponseHeaderBytes < 0:
+		return errors.New("idem: Config.MaxResponseHeaderBytes must not be negative")
 	case c.StatusCheck != nil && c.BlindTakeover:
 		return errors.New("idem: Config.BlindTakeover and Config.StatusCheck exclude each other")
 	}
@@ -315,13 +346,17 @@ func (s *Store[TTx]) replayFast(ctx context.Context, scope, key string, fp Finge
 	case errors.Is(err, ErrNotFound):
 		return nil, false, nil
 	case err != nil:
-		return nil, true, fmt.Errorf("idem: claim key %s: %w", digest.Key(scope, key), err)
+		kd := digest.Key(scope, key)
+		return nil, true, fmt.Errorf("idem: claim key %s: %w", kd, s.checkRead(ctx, nil, err, kd))
 	case !rec.Status.Final():
 		return nil, false, nil
 	case !rec.Fingerprint.Equal(fp):
 		kd := digest.Key(scope, key)
 		s.logOutcome(ctx, kd, "fingerprint_mismatch")
 		return nil, true, fmt.Errorf("%w (key %s)", ErrFingerprint, kd)
+	}
+	if err := s.checkRead(ctx, rec, nil, digest.Key(scope, key)); err != nil {
+		return nil, true, fmt.Errorf("idem: claim key %s: %w", digest.Key(scope, key), err)
 	}
 	s.logKey(ctx, scope, key, "replay")
 	return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, true, nil
@@ -412,7 +447,7 @@ func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, sc
 				s.logOutcome(ctx, kd(), "in_progress_uncommitted")
 				return nil, &out
 			}
-			return nil, fmt.Errorf("idem: claim key %s: %w", kd(), err)
+			return nil, fmt.Errorf("idem: claim key %s: %w", kd(), s.checkRead(ctx, nil, err, kd()))
 		}
 		rec := res.Record
 		if res.Created {
@@ -459,6 +494,9 @@ func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, sc
 			return nil, fmt.Errorf("%w (key %s)", ErrFingerprint, kd())
 		}
 		if rec.Status.Final() {
+			if err := s.checkRead(ctx, rec, nil, kd()); err != nil {
+				return nil, fmt.Errorf("idem: claim key %s: %w", kd(), err)
+			}
 			s.logKey(ctx, scope, key, "replay")
 			return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, nil
 		}
@@ -485,7 +523,9 @@ func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, sc
 // same fingerprint replays it. Use it after [Store.Claim].
 //
 // It returns [ErrFenced] and changes nothing when c does not own the key any
-// more (completed already, released, taken over) or never did (a replay).
+// more (completed already, released, taken over) or never did (a replay),
+// and [ErrInvalidResponse], before any statement, when resp fails
+// [Response.Validate] or the Config's size limits.
 func (s *Store[TTx]) Complete(ctx context.Context, c *Claim, resp *Response) error {
 	return s.complete(ctx, s.dialect.DB(), c, StatusSucceeded, resp)
 }
@@ -554,8 +594,8 @@ func (s *Store[TTx]) completeParams(c *Claim, status Status, resp *Response) (*C
 	if err := validateClaim(c); err != nil {
 		return nil, err
 	}
-	if resp == nil {
-		return nil, errors.New("idem: complete: nil response")
+	if err := s.validateResponse(resp); err != nil {
+		return nil, fmt.Errorf("idem: complete key %s: %w", digest.Key(c.Scope, c.Key), err)
 	}
 	return &CompleteParams{
 		Scope:          c.Scope,
@@ -612,6 +652,8 @@ func (s *Store[TTx]) release(ctx context.Context, exec Executor, c *Claim) error
 // Get returns the live record for key in scope, reading on the pool without
 // taking locks. It returns [ErrNotFound] when there is none or it is past its
 // retention deadline; an uncommitted claim of another transaction is not seen.
+// A completed record that cannot be answered from is [ErrCorruptRecord], as
+// on every path that replays one.
 func (s *Store[TTx]) Get(ctx context.Context, scope, key string) (*Record, error) {
 	return s.get(ctx, s.dialect.DB(), scope, key)
 }
@@ -627,6 +669,9 @@ func (s *Store[TTx]) get(ctx context.Context, exec Executor, scope, key string) 
 		return nil, err
 	}
 	rec, err := exec.Get(ctx, &GetParams{Scope: scope, Key: key, Now: s.now()})
+	if !errors.Is(err, ErrNotFound) {
+		err = s.checkRead(ctx, rec, err, digest.Key(scope, key))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("idem: get key %s: %w", digest.Key(scope, key), err)
 	}
@@ -648,6 +693,8 @@ func (s *Store[TTx]) get(ctx context.Context, exec Executor, scope, key string) 
 // stored, the key is free again, and the error (or panic) reaches the caller,
 // except for an error made by [FinalFailure], whose response is stored as a
 // final failure and committed.
+// A response (or FinalFailure response) that cannot be stored rolls the
+// transaction back with [ErrInvalidResponse]; it is not retried.
 // An error from fn that matches [ErrRetryable] is retried like idem's own;
 // so is a driver error of fn's own statements that the dialect's
 // [ErrorClassifier] classifies as retryable (package mysql: a deadlock, or a

@@ -88,7 +88,7 @@ drop_namespaces
 # dialect (goose driver name), migration directory, DSN
 for spec in "postgres|migrations/postgres|$PG_DSN" "mysql|migrations/mysql|$MY_DSN" "sqlite3|migrations/sqlite|$SQLITE_DB"; do
 	IFS='|' read -r driver dir dsn <<<"$spec"
-	echo "goose-cli: $driver: up, up again (no-op), status, down"
+	echo "goose-cli: $driver: up, up again (no-op), status, down, down-to 0"
 	# The commands docs/migrations.md documents, word for word but for the DSN. goose logs to
 	# stderr; 2>&1 keeps its lines in order with ours.
 	"$goose" -dir "$dir" -table "$VERSION_TABLE" "$driver" "$dsn" up 2>&1
@@ -98,7 +98,9 @@ for spec in "postgres|migrations/postgres|$PG_DSN" "mysql|migrations/mysql|$MY_D
 	"$goose" -dir "$dir" -table "$VERSION_TABLE" "$driver" "$dsn" up 2>&1
 	"$goose" -dir "$dir" -table "$VERSION_TABLE" "$driver" "$dsn" status 2>&1
 	"$goose" -dir "$dir" -table "$VERSION_TABLE" "$driver" "$dsn" down 2>&1
-	expect_table "$driver" "$TABLE" 0 down
+	expect_table "$driver" "$TABLE" 1 "down (one version: the digest index)"
+	"$goose" -dir "$dir" -table "$VERSION_TABLE" "$driver" "$dsn" down-to 0 2>&1
+	expect_table "$driver" "$TABLE" 0 "down-to 0"
 done
 
 echo "goose-cli: OK: goose $GOOSE_VERSION migrated up and down on postgres, mysql and sqlite3 in $((SECONDS - start))s"

@@ -70,6 +70,12 @@ type Namespace[TTx any] struct {
 	// (goose down to version 0), so the migrate case can check that the
 	// schema comes back.
 	Unmigrate func(ctx context.Context) error
+	// CorruptResponse overwrites, by hand with SQL on the namespace's pool,
+	// the response_status and response_headers columns of the committed
+	// record (scope, key), bypassing idem: a nil status or headers stores
+	// NULL. The suite uses it to play a record written by an older
+	// version, by hand, or damaged.
+	CorruptResponse func(ctx context.Context, scope, key string, status *int, headers []byte) error
 	// Close closes the namespace's connection pool. Afterwards every store
 	// operation on Dialect must fail with idem.ErrStoreUnavailable.
 	Close func()
@@ -104,6 +110,13 @@ type Features struct {
 // fixed order.
 func Run[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Helper()
+	// Runs after every parallel case: the log scan must have seen lines,
+	// or it proved nothing.
+	t.Cleanup(func() {
+		if loggedLines.Load() == 0 {
+			t.Error("conformance: no case logged a line; the log scan saw nothing")
+		}
+	})
 	run(t, h, cases[TTx]())
 }
 
@@ -156,6 +169,8 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, tenantCases[TTx]()...)
 	all = append(all, errorCases[TTx]()...)
 	all = append(all, executorCases[TTx]()...)
+	all = append(all, validateCases[TTx]()...)
+	all = append(all, opsCases[TTx]()...)
 	return all
 }
 

@@ -4,14 +4,18 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
 	"net/http"
+	"regexp"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/internal/logscan"
 )
 
 // bundle is what most cases need: a store on a fresh namespace.
@@ -21,12 +25,21 @@ type bundle[TTx any] struct {
 	feat  Features
 }
 
-// setup opens a fresh namespace and a store over it. cfg may be nil.
+// setup opens a fresh namespace and a store over it. cfg may be nil. Unless
+// cfg sets a Logger, the store logs to a recorder whose lines are scanned
+// for the suite's raw keys, scopes and bodies when t ends (see scanLogs).
 func setup[TTx any](t *testing.T, h Harness[TTx], cfg *idem.Config) (context.Context, *bundle[TTx]) {
 	t.Helper()
 	ctx := t.Context()
 	ns := h.Open(ctx, t)
-	store, err := idem.New(ns.Dialect, cfg)
+	c := idem.Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Logger == nil {
+		c.Logger = scannedLogger(t)
+	}
+	store, err := idem.New(ns.Dialect, &c)
 	require.NoError(t, err)
 	return ctx, &bundle[TTx]{ns: ns, store: store, feat: h.Features()}
 }
@@ -139,4 +152,37 @@ func requireSameResponse(t *testing.T, want, got *idem.Response) {
 	require.Equal(t, want.StatusCode, got.StatusCode)
 	require.Equal(t, want.Header, got.Header)
 	require.Equal(t, want.Body, got.Body, "body must replay byte for byte")
+}
+
+// loggedLines counts the lines every scanned logger of the process
+// recorded, so that Run can tell a scan that saw nothing from a clean one.
+var loggedLines atomic.Int64
+
+// suiteSecrets recognises what the suite sends that idem must never log:
+// the keys newKey makes (a prefix, "-", 16 hex digits; the digests idem
+// logs are 16 hex digits with no prefix), the suite's scopes, and the
+// bodies orderResponse builds.
+var suiteSecrets = []struct {
+	what string
+	re   *regexp.Regexp
+}{
+	{"key", regexp.MustCompile(`[A-Za-z0-9]-[0-9a-f]{16}`)},
+	{"scope", regexp.MustCompile(`t1/[a-z]+|SECRET-SCOPE|tenant[_%]/op`)},
+	{"body", regexp.MustCompile(`\\?"order\\?"|/orders/`)},
+}
+
+// scannedLogger returns a logger that records every line at every level
+// and fails t, when it ends, for any line holding a raw key, scope or body
+// of the suite.
+func scannedLogger(t *testing.T) *slog.Logger {
+	rec := logscan.New()
+	for _, s := range suiteSecrets {
+		rec.Pattern(s.what, s.re)
+	}
+	t.Cleanup(func() {
+		lines := rec.Lines()
+		loggedLines.Add(int64(len(lines)))
+		rec.CheckLines(t, lines)
+	})
+	return rec.Logger()
 }

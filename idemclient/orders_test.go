@@ -65,7 +65,7 @@ func TestOrdersServerKilled(t *testing.T) {
 					done <- outcome{err: err}
 					return
 				}
-				req.Header.Set("X-Tenant-ID", tenant)
+				req.Header.Set("Authorization", "Bearer "+ordersproc.Token(tenant))
 				resp, err := client.Do(req)
 				if err != nil {
 					done <- outcome{err: err}
@@ -164,7 +164,7 @@ func TestOrdersSlowServer(t *testing.T) {
 			tenant := "slow-" + c.table
 			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+c.path, strings.NewReader(c.body))
 			require.NoError(t, err)
-			req.Header.Set("X-Tenant-ID", tenant)
+			req.Header.Set("Authorization", "Bearer "+ordersproc.Token(tenant))
 			start := time.Now()
 			resp, err := (&http.Client{Transport: tr}).Do(req)
 			require.NoError(t, err)

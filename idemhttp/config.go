@@ -43,8 +43,11 @@ type Config struct {
 	// CodeKeyMissing.
 	KeyOptional func(r *http.Request) bool
 
-	// Tenant returns the tenant a request acts for, for example from an
-	// authenticated principal in its context or a header. The same key in
+	// Tenant returns the tenant a request acts for: the authenticated
+	// principal's (a value an authentication middleware put in the
+	// request's context), never a header or parameter the client chooses,
+	// since whoever presents a tenant and a key gets its stored response
+	// (docs/security.md). The same key in
 	// two tenants names two records, and the tenant is part of the
 	// fingerprint. An error refuses the request: an *Error is answered as
 	// it is, any other error with 400 and CodeTenantInvalid. Defaults to
@@ -71,7 +74,9 @@ type Config struct {
 	// nest; a deeper one gets 400 with CodeBodyInvalid. Defaults to 64.
 	MaxJSONDepth int
 
-	// MaxResponseBytes bounds the body of a response that is stored: a 2xx
+	// MaxResponseBytes bounds the body of a response that is stored (keep
+	// it at most the store's idem.Config.MaxResponseBytes, 8 MiB by
+	// default, which refuses larger bodies itself): a 2xx
 	// or 3xx, or a failure marked final. A larger one cannot be stored, so
 	// its transaction is rolled back (nothing happened) and the client gets
 	// 500 with CodeResponseTooLarge; the key stays free (in the leased mode

@@ -64,6 +64,10 @@
 //     the transaction rolls back and the client gets 500 with
 //     CodeResponseTooLarge, because committing the effect without a stored
 //     response would let a retry run it twice. The key stays free.
+//   - a response the store refuses (idem.ErrInvalidResponse: a final status
+//     outside 200–599, a replayed header value with a control character):
+//     the transaction rolls back and the client gets 500 with
+//     CodeResponseInvalid. The key stays free.
 //   - a retryable transaction failure (deadlock, serialization failure, or
 //     [RetryTransaction]): the whole transaction runs again, the handler with
 //     a fresh body and a fresh response, up to the store's MaxTxRetries.
@@ -87,7 +91,18 @@
 //     CodeKeyReused; the stored record is unchanged;
 //   - same key, still in progress: 409 with CodeInProgress and Retry-After;
 //   - store unreachable or failing: 503 with CodeStoreUnavailable and
-//     Retry-After. The handler never runs unprotected.
+//     Retry-After. The handler never runs unprotected;
+//   - a stored record that cannot be replayed (idem.ErrCorruptRecord:
+//     damaged, hand-written, from an older version): 500 with
+//     CodeRecordInvalid, never a panic; the record is left for an operator.
+//
+// A request whose method is a case variant of a protected method ("post")
+// is refused with 400 and CodeMethodInvalid: it is not the protected method,
+// yet a router that folds case would run its handler unprotected.
+//
+// The tenant (Config.Tenant) must be the authenticated caller's, never a
+// value the client chooses: whoever presents a tenant and a key is answered
+// with its stored response (docs/security.md).
 //
 // A duplicate that arrives while the original's transaction is open waits
 // for it (up to the store's WaitTimeout) and is then replayed, or gets the

@@ -50,6 +50,25 @@ const (
 	// failure it marked final) is larger than Config.MaxResponseBytes and
 	// cannot be stored. Its transaction was rolled back; nothing happened.
 	CodeResponseTooLarge = "idempotency_response_too_large"
+	// CodeResponseInvalid (500): the handler's response that would be
+	// stored is refused by the store (idem.ErrInvalidResponse): a status
+	// outside 200–599 or a replayed header with a control character in its
+	// value. In the transactional mode its transaction was rolled back and
+	// nothing happened; in the leased mode the record stays processing
+	// until the store's StatusCheck decides, as after a store failure.
+	CodeResponseInvalid = "idempotency_response_invalid"
+	// CodeRecordInvalid (500): the key's stored record cannot be replayed
+	// (idem.ErrCorruptRecord: written by hand, by an older version, or
+	// damaged). Nothing ran. The record is left for an operator to delete
+	// (the store logs its key digest); until then, or until its retention
+	// ends, every retry with the key gets this answer.
+	CodeRecordInvalid = "idempotency_record_invalid"
+	// CodeMethodInvalid (400): the request's method is a case variant of a
+	// protected method ("post" when POST is protected). Methods are
+	// case-sensitive (RFC 9110 section 9.1), so the middleware would not
+	// protect it, yet a router that matches methods without regard to case
+	// would run the protected handler: it is refused instead.
+	CodeMethodInvalid = "idempotency_method_invalid"
 )
 
 // MismatchStatusIETF is the status the IETF draft "The Idempotency-Key HTTP

@@ -43,8 +43,27 @@ func Example() {
 		log.Fatal(err)
 	}
 
+	// The tenant comes from authentication, never from a header the client
+	// chooses: a stored response goes to whoever presents its tenant and
+	// key. authenticate stands in for real authentication (see
+	// docs/security.md) and puts the caller's tenant in the context.
+	type tenantKey struct{}
+	tokens := map[string]string{"token-of-acme": "acme"} // bearer token -> tenant
+	authenticate := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tenant, ok := tokens[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
+			if !ok {
+				http.Error(w, "unauthenticated", http.StatusUnauthorized)
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
+		})
+	}
 	mw := idemhttp.New(store, &idemhttp.Config{
-		Tenant: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant-ID"), nil },
+		Tenant: func(r *http.Request) (string, error) {
+			tenant, _ := r.Context().Value(tenantKey{}).(string)
+			return tenant, nil // authenticate let no request through without one
+		},
 	})
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -59,13 +78,13 @@ func Example() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":%d}`, id)
 	})))
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewServer(authenticate(mux))
 	defer srv.Close()
 
 	for _, body := range []string{`{"amount": 4200}`, `{ "amount":4200 }`, `{"amount": 1}`} {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/orders", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Tenant-ID", "acme")
+		req.Header.Set("Authorization", "Bearer token-of-acme")
 		req.Header.Set("Idempotency-Key", "order-0001-example")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -68,6 +68,9 @@ type namespace[TTx any] struct {
 	breakTx func(ctx context.Context, tx TTx) error
 	// dropKeys drops the idempotency_keys table, so the store fails.
 	dropKeys func(ctx context.Context) error
+	// setStoredStatus overwrites the response status of every stored
+	// record by hand, as a damaged or hand-written row would have it.
+	setStoredStatus func(ctx context.Context, status int) error
 }
 
 // Short names for the two transaction types.
@@ -147,6 +150,10 @@ func sqlNamespace(d idem.Dialect[*sql.Tx], db *sql.DB) *namespace[*sql.Tx] {
 		},
 		dropKeys: func(ctx context.Context) error {
 			_, err := db.ExecContext(ctx, `DROP TABLE idempotency_keys`)
+			return err
+		},
+		setStoredStatus: func(ctx context.Context, status int) error {
+			_, err := db.ExecContext(ctx, `UPDATE idempotency_keys SET response_status = ?`, status)
 			return err
 		},
 	}
@@ -237,6 +244,10 @@ func (h *pgHarness) open(t *testing.T) *namespace[pgx.Tx] {
 		},
 		dropKeys: func(ctx context.Context) error {
 			_, err := pool.Exec(ctx, `DROP TABLE idempotency_keys`)
+			return err
+		},
+		setStoredStatus: func(ctx context.Context, status int) error {
+			_, err := pool.Exec(ctx, `UPDATE idempotency_keys SET response_status = $1::integer`, status)
 			return err
 		},
 	}

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/idemhttp"
+	"github.com/idemstore/idem/internal/logscan"
 )
 
 // bundle is one test's middleware over a real store, served by an
@@ -96,9 +98,36 @@ func setup[TTx any](t *testing.T, h harness[TTx], o options[TTx]) *bundle[TTx] {
 	if o.outer != nil {
 		served = o.outer(served)
 	}
+	// Registered before the server's Close, so it runs after it: every
+	// handler has returned and logged by then.
+	scanLogs(t, b.logs)
 	b.srv = httptest.NewServer(served)
 	t.Cleanup(b.srv.Close)
 	return b
+}
+
+// logSecrets recognise what the tests send that no log line may carry:
+// keys from newKey ("k" and 24 hex digits; digests are 16 hex digits),
+// the tenants and the JSON bodies the cases use.
+var logSecrets = logscan.NewScanner()
+
+func init() {
+	logSecrets.Pattern("key", regexp.MustCompile(`k[0-9a-f]{24}`))
+	logSecrets.Pattern("secret", regexp.MustCompile(`SECRET`))
+	logSecrets.Pattern("tenant", regexp.MustCompile(`\b(acme|globex|t1)\b`))
+	logSecrets.Pattern("body", regexp.MustCompile(`\\?"(amount|note|charge|card)\\?"`))
+}
+
+// scanLogs fails t, once it ended, for any line of logs holding a secret
+// of logSecrets.
+func scanLogs(t *testing.T, logs *logBuffer) {
+	t.Cleanup(func() {
+		text := strings.TrimSpace(logs.String())
+		if text == "" {
+			return
+		}
+		logSecrets.CheckLines(t, strings.Split(text, "\n"))
+	})
 }
 
 // routes serves handler behind mw on three routes.

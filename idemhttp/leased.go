@@ -53,7 +53,6 @@ func (m *middleware[TTx]) serveLeased(w http.ResponseWriter, rq *request) {
 		return
 	case !lease.Acquired():
 		m.replay(w, rq, lease.Replay.Response)
-		m.log(rq, "replayed", lease.Replay.Response.StatusCode)
 		return
 	}
 	rq.attempt = lease.Attempt()
@@ -182,6 +181,10 @@ func (l *leasedRun[TTx]) complete(w http.ResponseWriter, rq *request, cw *captur
 		m.log(rq, outcome, cw.status)
 	case errors.Is(err, idem.ErrFenced):
 		m.failLeaseLost(w, rq)
+	case errors.Is(err, idem.ErrInvalidResponse):
+		// Refused before anything was written: the record stays
+		// processing, as below, since the outside effect may have happened.
+		m.failResponseInvalid(w, rq, err)
 	default:
 		// The response could not be stored, though the handler's outside
 		// effect may have happened: the record stays processing, and once

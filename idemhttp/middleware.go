@@ -87,6 +87,12 @@ type request struct {
 
 func (m *middleware[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !m.cfg.methods[r.Method] {
+		if m.cfg.methods[strings.ToUpper(r.Method)] {
+			rq := &request{r: r, start: time.Now(), requestID: requestID(r)}
+			m.fail(w, rq, "method_invalid", &Error{Status: http.StatusBadRequest, Code: CodeMethodInvalid,
+				Message: "Request methods are case-sensitive; send this one in upper case."})
+			return
+		}
 		m.next.ServeHTTP(w, r)
 		return
 	}
@@ -206,7 +212,6 @@ func (m *middleware[TTx]) serveTransactional(w http.ResponseWriter, rq *request)
 		m.log(rq, "rolled_back", last.status)
 	case err == nil && res.Replayed:
 		m.replay(w, rq, res.Response)
-		m.log(rq, "replayed", res.Response.StatusCode)
 	case err == nil:
 		m.send(w, rq, last)
 		outcome := "completed"
@@ -240,6 +245,10 @@ func (m *middleware[TTx]) failClaim(w http.ResponseWriter, rq *request, err erro
 		m.fail(w, rq, "in_progress", &Error{Status: http.StatusConflict, Code: CodeInProgress,
 			Message:    "A request with this " + m.cfg.Header + " is being processed. Retry later with the same key.",
 			RetryAfter: max(min(inProgress.RetryAfter, m.cfg.InProgressRetryAfter), time.Second)}) // capped; the protocol promises >= 1
+	case errors.Is(err, idem.ErrCorruptRecord):
+		m.failRecordInvalid(w, rq)
+	case errors.Is(err, idem.ErrInvalidResponse):
+		m.failResponseInvalid(w, rq, err)
 	case errors.Is(err, idem.ErrInvalidKey):
 		m.fail(w, rq, "key_invalid", &Error{Status: http.StatusBadRequest, Code: CodeKeyInvalid,
 			Message: "The " + m.cfg.Header + " header is not a valid key."})
@@ -259,6 +268,24 @@ func (m *middleware[TTx]) failUnavailable(w http.ResponseWriter, rq *request) {
 func (m *middleware[TTx]) failTooLarge(w http.ResponseWriter, rq *request) {
 	m.fail(w, rq, "response_too_large", &Error{Status: http.StatusInternalServerError, Code: CodeResponseTooLarge,
 		Message: "The response is too large to be stored for retries; nothing was done."})
+}
+
+// failRecordInvalid answers 500 with CodeRecordInvalid.
+func (m *middleware[TTx]) failRecordInvalid(w http.ResponseWriter, rq *request) {
+	m.fail(w, rq, "record_invalid", &Error{Status: http.StatusInternalServerError, Code: CodeRecordInvalid,
+		Message: "The stored response for this " + m.cfg.Header + " cannot be replayed; nothing was done. Report it."})
+}
+
+// failResponseInvalid answers a response the store refused: 500 with
+// CodeResponseTooLarge when its body is over the store's own limit, else
+// with CodeResponseInvalid.
+func (m *middleware[TTx]) failResponseInvalid(w http.ResponseWriter, rq *request, err error) {
+	if invalid, ok := errors.AsType[*idem.InvalidResponseError](err); ok && invalid.Field == "Body" {
+		m.failTooLarge(w, rq)
+		return
+	}
+	m.fail(w, rq, "response_invalid", &Error{Status: http.StatusInternalServerError, Code: CodeResponseInvalid,
+		Message: "The response could not be stored for retries."})
 }
 
 // runHandler calls the handler on a fresh copy of the request, with ctx and
@@ -327,8 +354,15 @@ func (m *middleware[TTx]) writeHead(w http.ResponseWriter, rq *request, c *captu
 	w.WriteHeader(c.status)
 }
 
-// replay writes a stored response, with the allowlisted headers only.
+// replay writes a stored response, with the allowlisted headers only, and
+// logs it. The store checks every record it reads; this check is the last
+// line before WriteHeader, which panics on a status outside 100–999.
 func (m *middleware[TTx]) replay(w http.ResponseWriter, rq *request, resp *idem.Response) {
+	if err := resp.Validate(); err != nil {
+		m.failRecordInvalid(w, rq)
+		return
+	}
+	defer m.log(rq, "replayed", resp.StatusCode)
 	h := w.Header()
 	for k, v := range m.replayable(resp.Header) {
 		h[k] = v
@@ -370,7 +404,7 @@ func asError(err error, code, message string) *Error {
 func (m *middleware[TTx]) log(rq *request, outcome string, status int) {
 	level := slog.LevelInfo
 	switch outcome {
-	case "store_unavailable", "response_too_large", "panic", "lease_lost":
+	case "store_unavailable", "response_too_large", "response_invalid", "record_invalid", "panic", "lease_lost":
 		level = slog.LevelError
 	case "rolled_back_not_released":
 		level = slog.LevelWarn
@@ -422,6 +456,14 @@ func routeOf(r *http.Request) string {
 	}
 	return r.URL.EscapedPath()
 }
+
+// ScopeFor returns the scope the middleware claims a request's key in: the
+// tenant (Config.Tenant's answer, "" without one), the request's method and
+// its route (the ServeMux pattern without its method, such as
+// "/orders/{id}", or else the escaped path), as in "acme POST /orders".
+// Operators and tests use it to find a request's record with
+// idem.Store.Lookup (or `idem inspect --tenant --method --route --key`).
+func ScopeFor(tenant, method, route string) string { return scopeOf(tenant, method, route) }
 
 // scopeOf names the operation a key belongs to: the tenant (path-escaped,
 // so it holds no space), the method and the route, as in

@@ -87,6 +87,9 @@ func cases[TTx any]() []testCase[TTx] {
 		{"LogsCarryNoSecrets", testLogsCarryNoSecrets[TTx]},
 		{"ResponseSizeLimit", testResponseSizeLimit[TTx]},
 		{"ConcurrentDuplicates", testConcurrentDuplicates[TTx]},
+		{"PoisonedRecordAnswers500", testPoisonedRecordAnswers500[TTx]},
+		{"InvalidResponseRefused", testInvalidResponseRefused[TTx]},
+		{"CaseVariantMethodRefused", testCaseVariantMethodRefused[TTx]},
 	}, leasedCases[TTx]()...)
 }
 

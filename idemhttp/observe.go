@@ -15,8 +15,9 @@ type RequestEvent struct {
 	// "completed_final_failure", "replayed", "rolled_back", "key_reused",
 	// "in_progress", "store_unavailable", "key_missing", "key_invalid",
 	// "body_rejected", "tenant_invalid", "fingerprint_failed",
-	// "response_too_large", "unprotected", "panic", and in the leased
-	// mode "lease_lost" and "rolled_back_not_released". A bounded set.
+	// "method_invalid", "response_too_large", "response_invalid",
+	// "record_invalid", "unprotected", "panic", and in the leased mode
+	// "lease_lost" and "rolled_back_not_released". A bounded set.
 	Outcome string
 	// Mode is the middleware's mode.
 	Mode Mode

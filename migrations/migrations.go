@@ -28,6 +28,11 @@ var files embed.FS
 // application's own goose_db_version so the two never collide.
 const VersionTable = "idem_goose_db_version"
 
+// SchemaVersion is the newest migration version in every dialect's
+// directory: the schema this version of idem reads and writes. A Check
+// (idem.Store.Check) reports a database whose version table is behind it.
+const SchemaVersion int64 = 3
+
 // Dialect names accepted by [FS] and [NewProvider].
 const (
 	Postgres = "postgres"

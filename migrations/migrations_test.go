@@ -162,3 +162,16 @@ func TestUnknownDialect(t *testing.T) {
 		require.Error(t, err, "NewProvider(%q)", name)
 	}
 }
+
+// SchemaVersion, which Check compares the database with, is the newest file.
+func TestSchemaVersionIsNewest(t *testing.T) {
+	for _, d := range []string{migrations.Postgres, migrations.MySQL, migrations.SQLite} {
+		db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "v.db"))
+		require.NoError(t, err)
+		p, err := migrations.NewProvider(d, db)
+		require.NoError(t, err)
+		src := p.ListSources()
+		require.Equal(t, migrations.SchemaVersion, src[len(src)-1].Version, d)
+		require.NoError(t, db.Close())
+	}
+}

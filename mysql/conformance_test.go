@@ -113,7 +113,12 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 		SeedExpired:  ns.seedExpired,
 		Migrate:      func(ctx context.Context) error { return idemmysql.Migrate(ctx, ns.db) },
 		Unmigrate:    func(ctx context.Context) error { return conformance.MigrateDown(ctx, migrations.MySQL, ns.db) },
-		Close:        func() { _ = ns.db.Close() },
+		CorruptResponse: func(ctx context.Context, scope, key string, status *int, headers []byte) error {
+			_, err := ns.db.ExecContext(ctx, `UPDATE idempotency_keys SET response_status = ?, response_headers = ?
+				WHERE scope = ? AND idempotency_key = ?`, status, headers, scope, key)
+			return err
+		},
+		Close: func() { _ = ns.db.Close() },
 		ChildEnv: []string{
 			childDSNEnv + "=" + h.server.dsn(ns.name, !h.serverPrepared),
 			childPathEnv + "=" + h.path,

@@ -652,13 +652,14 @@ func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
 		ExpiresAt:      expires.Time,
 	}
 	if len(fingerprint) != len(rec.Fingerprint) {
-		return nil, fmt.Errorf("idem: mysql: stored fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))
+		return nil, &idem.CorruptRecordError{Reason: fmt.Sprintf("its fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))}
 	}
 	copy(rec.Fingerprint[:], fingerprint)
 	if status.Final() {
 		h, err := codec.DecodeHeader(header)
 		if err != nil {
-			return nil, err
+			// The decoder's message may quote stored bytes: kept as the cause only.
+			return nil, &idem.CorruptRecordError{Reason: "its response headers do not decode", Cause: err}
 		}
 		if body == nil {
 			body = []byte{}

@@ -156,6 +156,16 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 			_, err = p.DownTo(ctx, 0)
 			return err
 		},
+		CorruptResponse: func(ctx context.Context, scope, key string, status *int, headers []byte) error {
+			var code *int32
+			if status != nil {
+				c := int32(*status) //nolint:gosec // test values are small
+				code = &c
+			}
+			_, err := pool.Exec(ctx, `UPDATE `+q("idempotency_keys")+` SET response_status = $1, response_headers = $2
+				WHERE scope = $3::text AND idempotency_key = $4::text`, code, headers, scope, key)
+			return err
+		},
 		Close: pool.Close,
 		ChildEnv: []string{
 			childURLEnv + "=" + url,

@@ -25,6 +25,8 @@ type Dialect struct {
 	// call's path.
 	exec *executor
 	st   *statements
+	// ops are the operators' statements (ops.go).
+	ops *opsStatements
 	// err is an invalid option's error, which every call returns.
 	err error
 }
@@ -42,7 +44,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Dialect {
 	if o.err == nil && o.schema != "" {
 		st = newStatements(o.table())
 	}
-	return &Dialect{pool: pool, exec: &executor{db: pool, st: st}, st: st, err: o.err}
+	return &Dialect{pool: pool, exec: &executor{db: pool, st: st}, st: st, ops: newOpsStatements(o.schema), err: o.err}
 }
 
 // Name returns "postgres".
@@ -694,7 +696,7 @@ func scanRecord(ctx context.Context, row pgx.Row, extra ...any) (*idem.Record, e
 		return nil, interpretError(ctx, err)
 	}
 	if len(fingerprint) != len(rec.Fingerprint) {
-		return nil, fmt.Errorf("idem: postgres: stored fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))
+		return nil, &idem.CorruptRecordError{Reason: fmt.Sprintf("its fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))}
 	}
 	copy(rec.Fingerprint[:], fingerprint)
 	rec.Status = idem.Status(status)
@@ -709,7 +711,8 @@ func scanRecord(ctx context.Context, row pgx.Row, extra ...any) (*idem.Record, e
 	if rec.Status.Final() {
 		h, err := codec.DecodeHeader(header)
 		if err != nil {
-			return nil, err
+			// The decoder's message may quote stored bytes: kept as the cause only.
+			return nil, &idem.CorruptRecordError{Reason: "its response headers do not decode", Cause: err}
 		}
 		if body == nil {
 			body = []byte{}

@@ -73,8 +73,13 @@ func (harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*s
 		},
 		Migrate:   func(ctx context.Context) error { return idemsqlite.Migrate(ctx, db) },
 		Unmigrate: func(ctx context.Context) error { return conformance.MigrateDown(ctx, migrations.SQLite, db) },
-		Close:     closeDB,
-		ChildEnv:  []string{childPathEnv + "=" + path},
+		CorruptResponse: func(ctx context.Context, scope, key string, status *int, headers []byte) error {
+			_, err := db.ExecContext(ctx, `UPDATE idempotency_keys SET response_status = ?, response_headers = ?
+				WHERE scope = ? AND idempotency_key = ?`, status, headers, scope, key)
+			return err
+		},
+		Close:    closeDB,
+		ChildEnv: []string{childPathEnv + "=" + path},
 	}
 }
 

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"fmt"
 
 	"github.com/idemstore/idem/migrations"
 )
@@ -13,13 +14,22 @@ import (
 // BEGIN IMMEDIATE, so a concurrent writer waits for it.
 //
 // goose takes no lock on SQLite: run Migrate from one process at a time (at
-// start-up of a single instance, or a deploy step). Up's error is returned
+// start-up of a single instance, or a deploy step). After the migrations it
+// fills in the key digest (migration 00002) of rows that lack one, in
+// transactions of 500 rows. Up's error is returned
 // unchanged, so a *goose.PartialError stays reachable with errors.As.
 func Migrate(ctx context.Context, db *sql.DB) error {
 	p, err := migrations.NewProvider(migrations.SQLite, db)
 	if err != nil {
 		return err
 	}
-	_, err = p.Up(ctx)
-	return err
+	if _, err := p.Up(ctx); err != nil {
+		return err
+	}
+	// Migration 00002 added key_digest, which SQLite cannot compute: rows
+	// written before it (or since, by an older idem) get theirs here.
+	if _, err := backfillDigests(ctx, db, 500); err != nil {
+		return fmt.Errorf("idem: sqlite: migrate: back-fill key digests: %w", err)
+	}
+	return nil
 }

@@ -17,10 +17,13 @@ const (
 	// computed in Go, so the claim builds it without reading it back. The
 	// caller holds the database's write lock (BEGIN IMMEDIATE), so nothing
 	// changes between this statement and claimSelect.
+	//
+	// key_digest (migration 00002) is written here because SQLite cannot
+	// compute SHA-256; it is what the operators' look-up by digest uses.
 	claimInsert = `INSERT INTO idempotency_keys (
 	scope, idempotency_key, fingerprint, status, token, attempt,
-	lease_expires_at, created_at, updated_at, expires_at
-) VALUES (?, ?, ?, 1, ?, 1, ?, ?, ?, ?)
+	lease_expires_at, created_at, updated_at, expires_at, key_digest
+) VALUES (?, ?, ?, 1, ?, 1, ?, ?, ?, ?, ?)
 ON CONFLICT (scope, idempotency_key) DO NOTHING`
 
 	// claimSelect reads the record that made claimInsert do nothing. There
@@ -68,8 +71,8 @@ WHERE scope = ? AND idempotency_key = ? AND token = ? AND status = 1`
 	// exists regardless alone; RowsAffected 0 then means fenced.
 	completeInsert = `INSERT INTO idempotency_keys (
 	scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
-	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at
-) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?)
+	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at, key_digest
+) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (scope, idempotency_key) DO NOTHING`
 
 	// releaseDelete removes the record, only while it is processing and

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/codec"
+	"github.com/idemstore/idem/internal/digest"
 	"github.com/idemstore/idem/internal/failexec"
 )
 
@@ -333,7 +334,7 @@ func claim(ctx context.Context, e *executor, p *idem.ClaimParams) (*idem.ClaimRe
 	lease, expires := fromMicros(micros(now.Add(p.LeaseDuration))), fromMicros(micros(now.Add(p.Retention)))
 	res, err := e.txExec(ctx, stmtClaimInsert, claimInsert,
 		p.Scope, p.Key, p.Fingerprint[:], p.Token,
-		micros(lease), micros(now), micros(now), micros(expires),
+		micros(lease), micros(now), micros(now), micros(expires), keyDigest(p.Scope, p.Key),
 	)
 	if err != nil {
 		return nil, interpretError(err)
@@ -449,7 +450,7 @@ func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
 		res, err := e.txExec(ctx, stmtCompleteInsert, completeInsert,
 			p.Scope, p.Key, p.Fingerprint[:], int64(p.Status), p.Token, micros(p.LeaseExpiresAt),
 			p.Response.StatusCode, headers, body,
-			micros(p.CreatedAt), nowArg, nowArg, micros(now.Add(p.Retention)),
+			micros(p.CreatedAt), nowArg, nowArg, micros(now.Add(p.Retention)), keyDigest(p.Scope, p.Key),
 		)
 		return affectedOne(res, err)
 	}
@@ -715,7 +716,7 @@ func scanRecord(row rowScanner) (*idem.Record, error) {
 		return nil, interpretError(err)
 	}
 	if len(fingerprint) != len(rec.Fingerprint) {
-		return nil, fmt.Errorf("idem: sqlite: stored fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))
+		return nil, &idem.CorruptRecordError{Reason: fmt.Sprintf("its fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))}
 	}
 	copy(rec.Fingerprint[:], fingerprint)
 	rec.Status = idem.Status(status) //nolint:gosec // the schema's CHECK (status IN (1, 2, 3)) keeps it in range
@@ -729,7 +730,8 @@ func scanRecord(row rowScanner) (*idem.Record, error) {
 	if rec.Status.Final() {
 		h, err := codec.DecodeHeader(headers)
 		if err != nil {
-			return nil, err
+			// The decoder's message may quote stored bytes: kept as the cause only.
+			return nil, &idem.CorruptRecordError{Reason: "its response headers do not decode", Cause: err}
 		}
 		if body == nil {
 			body = []byte{} // the driver reads an empty BLOB as nil
@@ -753,3 +755,9 @@ func clock(pinned *time.Time) time.Time {
 func micros(t time.Time) int64 { return t.UnixMicro() }
 
 func fromMicros(us int64) time.Time { return time.UnixMicro(us).UTC() }
+
+// keyDigest is the key_digest column's value (see claimInsert).
+func keyDigest(scope, key string) []byte {
+	d := digest.Sum(scope, key)
+	return d[:]
+}

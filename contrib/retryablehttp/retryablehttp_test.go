@@ -247,7 +247,7 @@ func TestOrdersServerKilled(t *testing.T) {
 			go func() {
 				req, err := retryablehttp.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"sku":"tea","qty":2,"amount_cents":900}`))
 				if err == nil {
-					req.Header.Set("X-Tenant-ID", tenant)
+					req.Header.Set("Authorization", "Bearer "+ordersproc.Token(tenant))
 					_, err = idemretryable.SetKey(req)
 				}
 				if err != nil {

@@ -20,6 +20,8 @@ type api[TTx any] struct {
 	delay time.Duration
 	// provider is the fake payment provider POST /payments charges.
 	provider *provider
+	// auth authenticates every request; the tenant is its principal's.
+	auth *authenticator
 }
 
 // routes wires the middleware onto the POSTs only: the GETs are safe to
@@ -28,11 +30,14 @@ type api[TTx any] struct {
 // uses the leased mode.
 func (a *api[TTx]) routes(store *idem.Store[TTx], logger *slog.Logger) http.Handler {
 	cfg := idemhttp.Config{
+		// The tenant is the authenticated principal's (auth.go), never a
+		// header the client picks: the stored response of a key goes to
+		// whoever presents its tenant and key.
 		Tenant: func(r *http.Request) (string, error) {
-			if t := r.Header.Get("X-Tenant-ID"); t != "" {
-				return t, nil
+			if p, ok := principalOf(r.Context()); ok {
+				return p.Tenant, nil
 			}
-			return "", errTenantMissing
+			return "", errUnauthenticated
 		},
 		Logger: logger,
 	}
@@ -45,10 +50,22 @@ func (a *api[TTx]) routes(store *idem.Store[TTx], logger *slog.Logger) http.Hand
 	mux.Handle("POST /payments", idempotentOutside(http.HandlerFunc(a.pay)))
 	mux.HandleFunc("GET /orders/{id}", a.get)
 	mux.HandleFunc("GET /orders", a.list)
-	return mux
+	// Authentication runs first, around everything.
+	return a.auth.middleware(mux)
 }
 
-var errTenantMissing = &idemhttp.Error{Status: http.StatusBadRequest, Code: "tenant_missing", Message: "The X-Tenant-ID header is required."}
+// errUnauthenticated answers a request that reached the API without a
+// principal, which authenticate makes impossible; kept as a safety net.
+var errUnauthenticated = &idemhttp.Error{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "Send Authorization: Bearer <token>."}
+
+// tenantOf returns the authenticated tenant of r, or answers 401.
+func tenantOf(w http.ResponseWriter, r *http.Request) (string, bool) {
+	p, ok := principalOf(r.Context())
+	if !ok {
+		writeError(w, r, errUnauthenticated.Status, errUnauthenticated.Code, errUnauthenticated.Message)
+	}
+	return p.Tenant, ok
+}
 
 // orderRequest is the body of POST /orders.
 type orderRequest struct {
@@ -62,6 +79,10 @@ type orderRequest struct {
 // and the key stays free for a corrected retry.
 func (a *api[TTx]) create(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	tenant, ok := tenantOf(w, r)
+	if !ok {
+		return
+	}
 	tx, ok := idemhttp.Tx[TTx](ctx)
 	key, _ := idemhttp.Key(ctx)
 	if !ok {
@@ -86,7 +107,7 @@ func (a *api[TTx]) create(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	o := &order{
-		Tenant:      r.Header.Get("X-Tenant-ID"),
+		Tenant:      tenant,
 		SKU:         in.SKU,
 		Qty:         in.Qty,
 		AmountCents: in.AmountCents,
@@ -102,9 +123,8 @@ func (a *api[TTx]) create(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api[TTx]) get(w http.ResponseWriter, r *http.Request) {
-	tenant := r.Header.Get("X-Tenant-ID")
-	if tenant == "" {
-		writeError(w, r, errTenantMissing.Status, errTenantMissing.Code, errTenantMissing.Message)
+	tenant, ok := tenantOf(w, r)
+	if !ok {
 		return
 	}
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
@@ -124,9 +144,8 @@ func (a *api[TTx]) get(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api[TTx]) list(w http.ResponseWriter, r *http.Request) {
-	tenant := r.Header.Get("X-Tenant-ID")
-	if tenant == "" {
-		writeError(w, r, errTenantMissing.Status, errTenantMissing.Code, errTenantMissing.Message)
+	tenant, ok := tenantOf(w, r)
+	if !ok {
 		return
 	}
 	orders, err := a.orders.list(r.Context(), tenant)

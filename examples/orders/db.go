@@ -43,6 +43,8 @@ type database struct {
 // service is the API, ready to serve.
 type service struct {
 	handler http.Handler
+	// token returns a bearer token for a tenant (auth.go).
+	token func(tenant string) string
 	// reap runs the reaper until ctx ends.
 	reap func(ctx context.Context)
 	// providerCalls counts the payment provider's charge calls, for the
@@ -181,8 +183,10 @@ func newDatabase[TTx any](dialect, describe string, d idem.Dialect[TTx], orders 
 			if err != nil {
 				return nil, err
 			}
-			a := &api[TTx]{orders: orders, delay: o.handlerDelay, provider: prov}
+			auth := newAuthenticator(o.tokenSecret, o.providerURL != "")
+			a := &api[TTx]{orders: orders, delay: o.handlerDelay, provider: prov, auth: auth}
 			return &service{
+				token:         auth.token,
 				handler:       a.routes(store, logger),
 				reap:          func(ctx context.Context) { _ = reaper.Run(ctx) },
 				providerCalls: prov.callCount,

@@ -283,7 +283,7 @@ func (d *demo) postTo(path, tenant, key, body string) answer {
 		return answer{err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Tenant-ID", tenant)
+	req.Header.Set("Authorization", "Bearer "+d.svc.token(tenant)) // the demo signs its own tokens
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}

@@ -9,13 +9,19 @@
 //
 // The API:
 //
-//	POST /orders        X-Tenant-ID, Idempotency-Key, {"sku": "...", "qty": N, "amount_cents": N}
+//	POST /orders        Idempotency-Key, {"sku": "...", "qty": N, "amount_cents": N}
 //	                    → 201, Location: /orders/{id}, the order
-//	GET  /orders/{id}   X-Tenant-ID → the order
-//	GET  /orders        X-Tenant-ID → {"count": N, "orders": [...]}
-//	POST /payments      X-Tenant-ID, Idempotency-Key, {"amount_cents": N}
+//	GET  /orders/{id}   → the order
+//	GET  /orders        → {"count": N, "orders": [...]}
+//	POST /payments      Idempotency-Key, {"amount_cents": N}
 //	                    → 201, Location: /payments/{id}, the payment, charged once
 //	                    at a (fake, in-memory) payment provider
+//
+// Every request carries Authorization: Bearer <token>; the tenant it acts
+// for is the token's (auth.go), never a header the client picks, because a
+// stored response goes to whoever presents its tenant and key (see
+// docs/security.md). The server prints a token for tenant acme when it
+// starts; -token-secret (or $ORDERS_TOKEN_SECRET) fixes the signing secret.
 //
 // POST /orders writes to the database only: idemhttp claims its key inside
 // the order's transaction. POST /payments calls a payment provider, which no
@@ -30,7 +36,10 @@
 //	                    {"key": ..., "amount_cents": N}; see payments.go)
 //	                    instead of the in-memory fake, so that its charges
 //	                    survive a crash of this process and the StatusCheck
-//	                    of the restarted process can find them.
+//	                    of the restarted process can find them. It also
+//	                    takes the tenant from the X-Tenant-ID header,
+//	                    unauthenticated, as the suite plays many tenants:
+//	                    one more reason never to set it in production.
 //	-fault-injection    TEST AID, off by default, never for production: a
 //	                    request with X-Fault-Crash: before-claim, after-claim,
 //	                    after-commit, before-provider-call or
@@ -39,7 +48,7 @@
 //
 // Try it with curl while it serves:
 //
-//	curl -i -X POST localhost:8080/orders -H 'X-Tenant-ID: acme' \
+//	curl -i -X POST localhost:8080/orders -H 'Authorization: Bearer <the printed token>' \
 //	    -H 'Idempotency-Key: order-0001-retry-me' -d '{"sku":"tea","qty":2,"amount_cents":900}'
 //
 // Run the same command again: the answer is the same 201, with
@@ -87,6 +96,8 @@ type options struct {
 	providerDelay time.Duration
 	// providerURL is an outside payment provider; empty: in memory.
 	providerURL string
+	// tokenSecret signs the bearer tokens (auth.go); empty: random.
+	tokenSecret string
 	// faultInjection enables the X-Fault-Crash header (faults.go), a test aid.
 	faultInjection bool
 	demo           bool
@@ -107,6 +118,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.handlerDelay, "handler-delay", 0, "how long POST /orders sleeps inside its transaction, to make in-flight duplicates easy to see")
 	fs.DurationVar(&o.providerDelay, "provider-delay", 0, "how long the fake payment provider of POST /payments takes to charge")
 	fs.StringVar(&o.providerURL, "provider-url", "", "base URL of an outside payment provider for POST /payments (POST /charges, POST /charges/lookup);\nempty: a fake provider in this process's memory, which forgets its charges when the process dies")
+	fs.StringVar(&o.tokenSecret, "token-secret", os.Getenv("ORDERS_TOKEN_SECRET"), "the secret that signs bearer tokens (default $ORDERS_TOKEN_SECRET; empty: random, printed tokens last as long as the process)")
 	fs.BoolVar(&o.faultInjection, "fault-injection", false, "TEST AID, never in production: honour the X-Fault-Crash request header, which kills the process (SIGKILL) at a chosen stage")
 	fs.BoolVar(&o.demo, "demo", false, "serve on a random local port, play a scripted client against it, print a table, and exit;\n-wait-timeout defaults to 300ms (1s on MySQL), -handler-delay to 500ms more, -provider-delay to 500ms")
 	if err := fs.Parse(args); err != nil {
@@ -167,6 +179,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	base := "http://" + ln.Addr().String()
 	fmt.Fprintf(stdout, "orders: serving on %s (database: %s)\n", base, db.describe)
+	if !o.demo {
+		fmt.Fprintf(stdout, "orders: authenticate as tenant acme with -H 'Authorization: Bearer %s'\n", svc.token("acme"))
+	}
 
 	var demoErr error
 	if o.demo {

@@ -145,7 +145,7 @@ func TestAPI(t *testing.T) {
 		req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
 		require.NoError(t, err)
 		if tenant != "" {
-			req.Header.Set("X-Tenant-ID", tenant)
+			req.Header.Set("Authorization", "Bearer "+svc.token(tenant))
 		}
 		if key != "" {
 			req.Header.Set("Idempotency-Key", key)
@@ -194,8 +194,8 @@ func TestAPI(t *testing.T) {
 
 	for _, r := range []struct{ method, path, key string }{{"GET", "/orders", ""}, {"GET", location, ""}, {"POST", "/orders", "api-test-key-2"}} {
 		resp, body := do(r.method, r.path, "", r.key, `{"sku":"tea","qty":2,"amount_cents":900}`)
-		require.Equal(t, http.StatusBadRequest, resp.StatusCode, r)
-		require.Equal(t, "tenant_missing", code(body))
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, r)
+		require.Equal(t, "unauthenticated", code(body))
 	}
 	for _, bad := range []string{`{"sku":"tea","qty":0,"amount_cents":900}`, `{"sku":"tea","qty":1,"amount_cents":-1}`, `{"qty":1,"amount_cents":1}`} {
 		resp, body := do("POST", "/orders", "acme", "api-test-key-3", bad)
@@ -259,7 +259,7 @@ func TestShutdownOnSignal(t *testing.T) {
 		t.Run(sig.String(), func(t *testing.T) {
 			t.Parallel()
 			//nolint:gosec // G204: re-executes this test binary (os.Args[0]) with fixed arguments
-			cmd := exec.CommandContext(t.Context(), os.Args[0], "-addr", "127.0.0.1:0", "-handler-delay", "700ms")
+			cmd := exec.CommandContext(t.Context(), os.Args[0], "-addr", "127.0.0.1:0", "-handler-delay", "700ms", "-token-secret", testTokenSecret)
 			cmd.Env = append(os.Environ(), "ORDERS_RUN_MAIN=1")
 			stdout, err := cmd.StdoutPipe()
 			require.NoError(t, err)
@@ -277,7 +277,7 @@ func TestShutdownOnSignal(t *testing.T) {
 			inFlight := make(chan int, 1)
 			go func() {
 				req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/orders", strings.NewReader(`{"sku":"tea","qty":1,"amount_cents":100}`))
-				req.Header.Set("X-Tenant-ID", "acme")
+				req.Header.Set("Authorization", "Bearer "+testToken("acme"))
 				req.Header.Set("Idempotency-Key", "signal-test-key-1")
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
@@ -307,7 +307,7 @@ func startOrders(t *testing.T, args ...string) string {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, append([]string{"-addr", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "orders.db")}, args...), pw, io.Discard)
+		done <- run(ctx, append([]string{"-addr", "127.0.0.1:0", "-db", filepath.Join(t.TempDir(), "orders.db"), "-token-secret", testTokenSecret}, args...), pw, io.Discard)
 		_ = pw.Close()
 	}()
 	t.Cleanup(func() {
@@ -331,7 +331,7 @@ func TestFaultInjectionSwitch(t *testing.T) {
 		t.Helper()
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/orders", strings.NewReader(`{"sku":"tea","qty":1,"amount_cents":100}`))
 		require.NoError(t, err)
-		req.Header.Set("X-Tenant-ID", "acme")
+		req.Header.Set("Authorization", "Bearer "+testToken("acme"))
 		req.Header.Set("Idempotency-Key", key)
 		req.Header.Set(crashHeader, stage)
 		resp, err := http.DefaultClient.Do(req)
@@ -422,4 +422,51 @@ func TestOutsideProvider(t *testing.T) {
 	require.False(t, found)
 	_, _, err = p.lookup(t.Context(), "broken")
 	require.Error(t, err)
+}
+
+// testTokenSecret signs the tokens of the servers the tests start.
+const testTokenSecret = "test-secret"
+
+// testToken returns a bearer token for tenant, signed with testTokenSecret.
+func testToken(tenant string) string { return newAuthenticator(testTokenSecret, false).token(tenant) }
+
+// TestTenantComesFromAuthentication: the tenant is the bearer token's. A
+// request without a valid token is refused with 401 before anything is
+// claimed, and an X-Tenant-ID header naming another tenant changes nothing:
+// acme's stored response never reaches a caller who only knows acme's key.
+func TestTenantComesFromAuthentication(t *testing.T) {
+	t.Parallel()
+	base := startOrders(t)
+	post := func(auth, tenantHeader string) (*http.Response, []byte) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/orders", strings.NewReader(`{"sku":"tea","qty":1,"amount_cents":100}`))
+		require.NoError(t, err)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		if tenantHeader != "" {
+			req.Header.Set("X-Tenant-ID", tenantHeader)
+		}
+		req.Header.Set("Idempotency-Key", "auth-test-key-0001")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, body
+	}
+	first, body := post("Bearer "+testToken("acme"), "")
+	require.Equal(t, http.StatusCreated, first.StatusCode, string(body))
+
+	for _, auth := range []string{"", "Bearer acme", "Bearer acme.00", "Bearer " + testToken("acme") + "0",
+		"Bearer " + newAuthenticator("other-secret", false).token("acme")} {
+		resp, body := post(auth, "acme")
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%q: %s", auth, body)
+		require.NotContains(t, string(body), `"sku"`, "acme's order must not leak")
+	}
+	other, body := post("Bearer "+testToken("globex"), "acme")
+	require.Equal(t, http.StatusCreated, other.StatusCode, string(body))
+	require.Empty(t, other.Header.Get("Idempotency-Replayed"), "globex runs its own order, X-Tenant-ID notwithstanding")
+	again, _ := post("Bearer "+testToken("acme"), "")
+	require.Equal(t, "true", again.Header.Get("Idempotency-Replayed"))
 }

@@ -205,6 +205,10 @@ type payment struct {
 // where the middleware also completes the lease.
 func (a *api[TTx]) pay(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	tenant, ok := tenantOf(w, r)
+	if !ok {
+		return
+	}
 	key, _ := idemhttp.Key(ctx)
 	scope, _ := idemhttp.Scope(ctx)
 	lease, ok := idemhttp.Lease[TTx](ctx)
@@ -242,7 +246,7 @@ func (a *api[TTx]) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := &payment{
-		Tenant:      r.Header.Get("X-Tenant-ID"),
+		Tenant:      tenant,
 		ChargeID:    c.ID,
 		AmountCents: c.AmountCents,
 		Attempt:     lease.Attempt(),

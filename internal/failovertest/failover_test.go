@@ -34,6 +34,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/internal/ordersproc"
 	idempg "github.com/idemstore/idem/postgres"
 )
 
@@ -270,7 +271,7 @@ var readyLine = regexp.MustCompile(`^orders: serving on (http://\S+) `)
 func startOrders(t *testing.T, bin string, args ...string) *orders {
 	t.Helper()
 	//nolint:noctx // stopped in t.Cleanup, after every use
-	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
+	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-token-secret", ordersproc.TokenSecret}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // no orphan if the test dies
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -360,7 +361,7 @@ func post(ctx context.Context, base string, in *intent) (label string, body []by
 		return "request error", nil
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Tenant-ID", in.tenant)
+	req.Header.Set("Authorization", "Bearer "+ordersproc.Token(in.tenant))
 	req.Header.Set("Idempotency-Key", in.key)
 	resp, err := httpClient.Do(req)
 	if err != nil {

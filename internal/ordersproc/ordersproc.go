@@ -7,6 +7,9 @@ package ordersproc
 import (
 	"bufio"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -59,11 +62,24 @@ type Server struct {
 	Addr string
 
 	cmd    *exec.Cmd
+	stderr *lockedBuffer
 	exited chan struct{}
 	err    error // the process's exit, once exited is closed
 }
 
 var readyLine = regexp.MustCompile(`^orders: serving on (http://(\S+)) `)
+
+// TokenSecret is the -token-secret Start gives the server, so that the
+// tests can sign their own bearer tokens (Token).
+const TokenSecret = "ordersproc-test-secret"
+
+// Token returns the bearer token examples/orders (auth.go) accepts for
+// tenant from a server started by Start: tenant "." hex(HMAC-SHA256).
+func Token(tenant string) string {
+	m := hmac.New(sha256.New, []byte(TokenSecret))
+	m.Write([]byte(tenant))
+	return tenant + "." + hex.EncodeToString(m.Sum(nil))
+}
 
 // Start runs bin on the SQLite file db, listening on addr (127.0.0.1:0 for a
 // free port), with the extra flags args, and returns once it serves. The
@@ -71,7 +87,7 @@ var readyLine = regexp.MustCompile(`^orders: serving on (http://(\S+)) `)
 func Start(t testing.TB, bin, db, addr string, args ...string) *Server {
 	t.Helper()
 	//nolint:gosec // G204: the binary Build made, with the test's arguments
-	cmd := exec.Command(bin, append([]string{"-addr", addr, "-db", db}, args...)...)
+	cmd := exec.Command(bin, append([]string{"-addr", addr, "-db", db, "-token-secret", TokenSecret}, args...)...)
 	orphanGuard(cmd)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -82,7 +98,7 @@ func Start(t testing.TB, bin, db, addr string, args ...string) *Server {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start orders: %v", err)
 	}
-	s := &Server{cmd: cmd, exited: make(chan struct{})}
+	s := &Server{cmd: cmd, stderr: stderr, exited: make(chan struct{})}
 	ready := make(chan string, 1)
 	go func() {
 		lines := bufio.NewScanner(stdout)
@@ -113,6 +129,10 @@ func Start(t testing.TB, bin, db, addr string, args ...string) *Server {
 	}
 	return s
 }
+
+// Stderr returns what the process wrote to its standard error so far: its
+// log lines.
+func (s *Server) Stderr() string { return s.stderr.String() }
 
 // Kill sends SIGKILL to the process and waits for it to be gone.
 func (s *Server) Kill(t testing.TB) {
@@ -146,7 +166,7 @@ func Orders(t testing.TB, base, tenant string) []json.RawMessage {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("X-Tenant-ID", tenant)
+	req.Header.Set("Authorization", "Bearer "+Token(tenant))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("GET /orders: %v", err)

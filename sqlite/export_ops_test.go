@@ -1,0 +1,4 @@
+package sqlite
+
+// The operators' digest look-up, for the test that checks its plan.
+const OpsFindDigest = opsFindDigest
