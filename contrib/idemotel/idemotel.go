@@ -31,8 +31,9 @@
 // when [WithOperation] maps scopes to a bounded set of names; http.route
 // only when the request matched a ServeMux pattern.
 //
-// The two gauges come from the reaper's last pass unless [WithGauges]
-// supplies exact counts: idem.reaper.backlog is then 1 when the pass
+// The two gauges report exact counts with [WithStats] (a store's
+// [idem.Stats]) or [WithGauges]. Otherwise they come from the reaper's last
+// pass, per dialect: idem.reaper.backlog is then 1 when the pass
 // stopped at its MaxBatches with expired records left, else 0, and
 // idem.leases.stale the stale leases the pass found and did not settle.
 // Without a reaper running they report nothing.
@@ -120,6 +121,25 @@ func WithOperation(f func(scope string) string) Option {
 // instead of the reaper's last pass. An error skips that collection.
 func WithGauges(f func(ctx context.Context) (Gauges, error)) Option {
 	return func(c *config) { c.gauges = f }
+}
+
+// WithStats makes the gauges report a store's [idem.Stats], read at each
+// collection: idem.reaper.backlog its Expired records, idem.leases.stale
+// its StaleLeases. Stats reads the whole table, so keep the collection
+// interval long on a big one. Pass a closure over the store, which is made
+// after the Telemetry:
+//
+//	var store *idem.Store[pgx.Tx]
+//	tel, err := idemotel.New(idemotel.WithStats(func(ctx context.Context) (*idem.Stats, error) { return store.Stats(ctx) }))
+//	store, err = idem.New(dialect, &idem.Config{Observer: tel.Observer()})
+func WithStats(f func(ctx context.Context) (*idem.Stats, error)) Option {
+	return WithGauges(func(ctx context.Context) (Gauges, error) {
+		st, err := f(ctx)
+		if err != nil {
+			return Gauges{}, err
+		}
+		return Gauges{Backlog: st.Expired, StaleLeases: st.StaleLeases}, nil
+	})
 }
 
 // Telemetry turns idem's events into OpenTelemetry metrics and spans. It is

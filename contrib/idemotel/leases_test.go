@@ -70,6 +70,14 @@ func testLeasesChecksAndReaper[TTx any](t *testing.T, h harness[TTx]) {
 	require.Equal(t, 2, rep.Deleted)
 	require.Equal(t, 1, rep.Unknown)
 
+	// The same figures from the store's Stats: the two expired records
+	// the pass left, and no stale lease (the unknown verdict pushed
+	// stale-key's lease out).
+	exact := newTelemetry(t, idemotel.WithStats(func(ctx context.Context) (*idem.Stats, error) { return store.Stats(ctx) }))
+	rmExact := exact.collect(t)
+	require.Equal(t, int64(2), gauge(t, rmExact, "idem.reaper.backlog"))
+	require.Equal(t, int64(0), gauge(t, rmExact, "idem.leases.stale"))
+
 	dialect := idemotel.AttrDialect.String(ns.dialect.Name())
 	rm := x.collect(t)
 	require.Equal(t, map[string]int64{"renewed": 1, "taken_over": 1, "lost": 1},
