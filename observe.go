@@ -171,7 +171,8 @@ type ReapEvent struct {
 	// Batches counts the DELETE statements of the pass.
 	Batches int
 	// Behind is true when the pass stopped at ReaperConfig.MaxBatches with
-	// its last batch full: expired records are left for the next pass.
+	// its last batch full: expired records are most likely left for the
+	// next pass (unless that batch took exactly the last of them).
 	Behind bool
 	// StaleFound counts the stale leases the pass listed (at most
 	// ReaperConfig.StaleLimit); StaleLeft those of them the pass did not
