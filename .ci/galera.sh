@@ -234,6 +234,8 @@ CMD_PID=$!
 if ! wait "$CMD_PID"; then
 	CMD_PID=
 	grep -E -- '^(--- FAIL|FAIL|ok|panic:|\s+--- FAIL)' "$log" || true
+	echo "---- failures ----"
+	grep -E -B3 -A14 -- 'Error Trace|panic:' "$log" | head -n 200 || true
 	echo "---- last 100 lines of the Galera test log ----"
 	tail -n 100 "$log"
 	fail "Galera tests failed"

@@ -429,7 +429,10 @@ func testLeaseRenewAndRelease[TTx any](t *testing.T, h Harness[TTx]) {
 // the database's clock while a blind-takeover competitor keeps trying: the
 // renewals must keep it out.
 func testLeaseKeepAliveOutlivesLeases[TTx any](t *testing.T, h Harness[TTx]) {
-	const lease = time.Second
+	// Renewals run every third of the lease; 2s leaves each one more than
+	// half a second, which a loaded two-core machine with a Galera cluster
+	// and parallel suites needs (1s failed there once).
+	const lease = 2 * time.Second
 	ctx, b := setup(t, h, &idem.Config{LeaseDuration: lease, BlindTakeover: true})
 	key := newKey("keepalive")
 	l, err := b.store.Acquire(ctx, "t1/pay", key, fp("x"))

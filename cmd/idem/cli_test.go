@@ -231,7 +231,7 @@ func post(t *testing.T, url, key, body string, timeout time.Duration) *http.Resp
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	require.NoError(t, err)
-	req.Header.Set("X-Tenant-ID", "acme")
+	req.Header.Set("Authorization", "Bearer "+ordersproc.Token("acme"))
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
@@ -247,7 +247,7 @@ func postErr(url, key, body string, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	req.Header.Set("X-Tenant-ID", "acme")
+	req.Header.Set("Authorization", "Bearer "+ordersproc.Token("acme"))
 	req.Header.Set("Idempotency-Key", key)
 	resp, err := http.DefaultClient.Do(req)
 	if err == nil {
