@@ -145,8 +145,16 @@ func inprocStart[TTx any](t *testing.T, dialect string, d idem.Dialect[TTx], rep
 	leased.Mode = idemhttp.Leased
 	a := &inprocAPI[TTx]{repo: repo, prov: prov}
 	mux := http.NewServeMux()
-	mux.Handle("POST "+inprocOrders, idemhttp.New(store, &mw)(http.HandlerFunc(a.createOrder)))
-	mux.Handle("POST "+inprocPayments, idemhttp.New(store, &leased)(http.HandlerFunc(a.pay)))
+	orders, err := idemhttp.New(store, &mw)
+	if err != nil {
+		t.Fatalf("idemhttp.New: %v", err)
+	}
+	payments, err := idemhttp.New(store, &leased)
+	if err != nil {
+		t.Fatalf("idemhttp.New: %v", err)
+	}
+	mux.Handle("POST "+inprocOrders, orders.Wrap(http.HandlerFunc(a.createOrder)))
+	mux.Handle("POST "+inprocPayments, payments.Wrap(http.HandlerFunc(a.pay)))
 	srv := httptest.NewServer(mux)
 	svc.URL = srv.URL
 	tr := &http.Transport{MaxIdleConns: 64, MaxIdleConnsPerHost: 64}

@@ -23,9 +23,10 @@ type RequestEvent struct {
 	Mode Mode
 	// Method is the request's method (one of Config.Methods).
 	Method string
-	// Route is the ServeMux pattern that matched, without its method
-	// (such as "/orders/{id}"), or "" when the request had none: the raw
-	// path is never reported, as it is unbounded.
+	// Route is the pattern in the request's Pattern field (set by
+	// ServeMux, and by chi once it has routed) without its method, such
+	// as "/orders/{id}", or "" when there is none: the raw path, which is
+	// unbounded, is never reported.
 	Route string
 	// Status is the HTTP status answered, 0 when none was (a panic).
 	Status int
@@ -43,9 +44,7 @@ func (m *middleware[TTx]) observe(ctx context.Context, rq *request, outcome stri
 		Outcome: outcome, Mode: m.cfg.Mode, Method: rq.r.Method, Status: status,
 		Attempt: rq.attempt, Latency: latency,
 	}
-	if rq.r.Pattern != "" {
-		e.Route = routeOf(rq.r)
-	}
+	e.Route = patternPath(rq.r.Pattern)
 	if rq.key != "" && rq.scope != "" {
 		e.KeyDigest = digest.Key(rq.scope, rq.key)
 	}

@@ -2,7 +2,6 @@ package idemhttp_test
 
 import (
 	"context"
-	"database/sql"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -25,13 +24,14 @@ func TestObserve(t *testing.T) {
 		mu     sync.Mutex
 		events []idemhttp.RequestEvent
 	)
-	mw := idemhttp.New(store, &idemhttp.Config{Observe: func(_ context.Context, e idemhttp.RequestEvent) {
+	mw, err := idemhttp.New(store, &idemhttp.Config{Observe: func(_ context.Context, e idemhttp.RequestEvent) {
 		mu.Lock()
 		defer mu.Unlock()
 		events = append(events, e)
 	}})
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := idemhttp.Tx[*sql.Tx](r.Context()); !ok {
+	require.NoError(t, err)
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := mw.Tx(r.Context()); !ok {
 			t.Error("no transaction")
 		}
 		w.WriteHeader(http.StatusCreated)

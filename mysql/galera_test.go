@@ -229,7 +229,9 @@ func TestGaleraCrossNodeRace(t *testing.T) {
 				s, err := idem.New(idemmysql.New(db), &idem.Config{MaxTxRetries: 5})
 				require.NoError(t, err)
 				stores[i] = s
-				handlers[i] = idemhttp.New(s, nil)(orderHandler(t, s, i+1))
+				mw, err := idemhttp.New(s, nil)
+				require.NoError(t, err)
+				handlers[i] = mw.Wrap(orderHandler(t, s, i+1))
 			}
 			var counts tally
 			answers := make([][3]string, keys)

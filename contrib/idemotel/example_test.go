@@ -2,7 +2,6 @@ package idemotel_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"io"
 	"log"
@@ -59,10 +58,13 @@ func Example_prometheus() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mw := idemhttp.New(store, &idemhttp.Config{Observe: tel.ObserveHTTP})
+	mw, err := idemhttp.New(store, &idemhttp.Config{Observe: tel.ObserveHTTP})
+	if err != nil {
+		log.Fatal(err)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := idemhttp.Tx[*sql.Tx](r.Context()); !ok {
+	mux.Handle("POST /orders", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := mw.Tx(r.Context()); !ok {
 			http.Error(w, "no transaction", http.StatusInternalServerError)
 			return
 		}

@@ -4,7 +4,7 @@
 //
 //	tel, err := idemotel.New(idemotel.WithMeterProvider(mp), idemotel.WithTracerProvider(tp))
 //	store, err := idem.New(dialect, &idem.Config{Observer: tel.Observer()})
-//	mw := idemhttp.New(store, &idemhttp.Config{Observe: tel.ObserveHTTP})
+//	mw, err := idemhttp.New(store, &idemhttp.Config{Observe: tel.ObserveHTTP}) // then mw.Wrap(handler)
 //
 // # Metrics
 //

@@ -67,8 +67,13 @@ func testPrometheusScrape[TTx any](t *testing.T, h harness[TTx]) {
 		_, _ = fmt.Fprintf(w, `{"id":%d}`, id)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", idemhttp.New(store, &idemhttp.Config{Observe: tel.ObserveHTTP})(http.HandlerFunc(createOrder)))
-	mux.Handle("POST /down/orders", idemhttp.New(down, &idemhttp.Config{Observe: tel.ObserveHTTP})(http.HandlerFunc(createOrder)))
+	wrap := func(store *idem.Store[TTx], cfg *idemhttp.Config) func(http.Handler) http.Handler {
+		mw, err := idemhttp.New(store, cfg)
+		require.NoError(t, err)
+		return mw.Wrap
+	}
+	mux.Handle("POST /orders", wrap(store, &idemhttp.Config{Observe: tel.ObserveHTTP})(http.HandlerFunc(createOrder)))
+	mux.Handle("POST /down/orders", wrap(down, &idemhttp.Config{Observe: tel.ObserveHTTP})(http.HandlerFunc(createOrder)))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
@@ -95,7 +100,7 @@ func testPrometheusScrape[TTx any](t *testing.T, h harness[TTx]) {
 	require.NoError(t, err)
 	entered, release := make(chan struct{}), make(chan struct{})
 	other := http.NewServeMux()
-	other.Handle("POST /orders", idemhttp.New(holder, &idemhttp.Config{Mode: idemhttp.Leased})(
+	other.Handle("POST /orders", wrap(holder, &idemhttp.Config{Mode: idemhttp.Leased})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			close(entered)
 			<-release

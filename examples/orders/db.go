@@ -185,9 +185,13 @@ func newDatabase[TTx any](dialect, describe string, d idem.Dialect[TTx], orders 
 			}
 			auth := newAuthenticator(o.tokenSecret, o.providerURL != "")
 			a := &api[TTx]{orders: orders, delay: o.handlerDelay, provider: prov, auth: auth}
+			handler, err := a.routes(store, logger)
+			if err != nil {
+				return nil, err
+			}
 			return &service{
 				token:         auth.token,
-				handler:       a.routes(store, logger),
+				handler:       handler,
 				reap:          func(ctx context.Context) { _ = reaper.Run(ctx) },
 				providerCalls: prov.callCount,
 			}, nil
