@@ -10,7 +10,7 @@ package idem
 //
 // [Store.Do] passes every error of its callback through Classify before
 // deciding whether to run the transaction again; [Store.Classify] exposes
-// it to callers. Package mysql implements it.
+// it to callers. Packages mysql, postgres and sqlite implement it.
 type ErrorClassifier interface {
 	// Classify returns err wrapped so that it also matches [ErrRetryable]
 	// (a deadlock, a serialization or certification failure, a lock wait

@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -123,7 +122,7 @@ func (r *Reaper[TTx]) Run(ctx context.Context) error {
 			return nil
 		}
 		if err != nil {
-			r.store.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: reaper pass failed", slog.String("error", err.Error()))
+			r.store.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: reaper pass failed", r.errorAttrs(err)...)
 		}
 		if r.cfg.OnReport != nil {
 			r.cfg.OnReport(report)
@@ -132,6 +131,15 @@ func (r *Reaper[TTx]) Run(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// errorAttrs describes a pass's error for a log record: its step, the key's
+// digest, class and driver code, never the driver's text.
+func (r *Reaper[TTx]) errorAttrs(err error) []slog.Attr {
+	if re, ok := errors.AsType[*reapError](err); ok {
+		return re.logAttrs(r.store)
+	}
+	return r.store.storeErrorAttrs(err)
 }
 
 func (r *Reaper[TTx]) nextDelay() time.Duration {
@@ -169,7 +177,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		rep.Deleted += n
 		batches++
 		if err != nil {
-			fail(fmt.Errorf("idem: reaper delete expired: %w", err))
+			fail(&reapError{step: "delete expired", err: err})
 			break
 		}
 		if n < r.cfg.BatchSize {
@@ -183,7 +191,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 
 	stale, now, err := exec.ListStaleLeases(ctx, &ListStaleLeasesParams{Limit: r.cfg.StaleLimit, Now: r.store.now()})
 	if err != nil {
-		fail(fmt.Errorf("idem: reaper list stale leases: %w", err))
+		fail(&reapError{step: "list stale leases", err: err})
 	}
 	for _, rec := range stale {
 		if ctx.Err() != nil {
@@ -194,7 +202,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		case err == nil && outcome == "":
 			// Another reaper or a claimer took the record first: theirs now.
 		case err != nil:
-			fail(fmt.Errorf("idem: reaper resolve key %s: %w", digest.Key(rec.Scope, rec.Key), err))
+			fail(&reapError{step: "resolve", keyDigest: digest.Key(rec.Scope, rec.Key), err: err})
 		case outcome == resolvedCommitted:
 			rep.Finalised++
 		case outcome == resolvedNotCommitted:

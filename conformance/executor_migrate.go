@@ -13,6 +13,7 @@ import (
 func executorMigrateCases[TTx any]() []testCase[TTx] {
 	return []testCase[TTx]{
 		{name: "ExecutorMigrate", run: testExecutorMigrate[TTx]},
+		{name: "ExecutorMigrateClosedPool", run: testExecutorMigrateClosedPool[TTx]},
 	}
 }
 
@@ -43,4 +44,15 @@ func testExecutorMigrate[TTx any](t *testing.T, h Harness[TTx]) {
 	require.NoError(t, b.ns.Migrate(ctx), "up again after a full down")
 	require.False(t, b.exists(ctx, t, p.Key))
 	b.seed(ctx, t, p.Key, exClock, time.Minute, time.Hour)
+}
+
+// testExecutorMigrateClosedPool: Migrate on a closed pool is an unavailable
+// store on every dialect, like every other statement on it, so a start-up
+// that retries on ErrStoreUnavailable treats it alike everywhere.
+func testExecutorMigrateClosedPool[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := exSetup(t, h)
+	b.ns.Close()
+	err := b.ns.Migrate(ctx)
+	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
+	require.NotErrorIs(t, err, idem.ErrMisconfigured)
 }

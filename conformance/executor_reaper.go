@@ -18,6 +18,7 @@ func executorReaperCases[TTx any]() []testCase[TTx] {
 		{name: "ExecutorDeleteExpired", run: testExecutorDeleteExpired[TTx]},
 		{name: "ExecutorDeleteExpiredDatabaseClock", run: testExecutorDeleteExpiredDatabaseClock[TTx]},
 		{name: "ExecutorDeleteExpiredSkipsHeldRows", run: testExecutorDeleteExpiredSkipsHeldRows[TTx], applies: concurrentWriters},
+		{name: "ExecutorLimitBelowOne", run: testExecutorLimitBelowOne[TTx]},
 	}
 }
 
@@ -157,8 +158,7 @@ func testExecutorDeleteExpired[TTx any](t *testing.T, h Harness[TTx]) {
 	require.NoError(t, b.d.Rollback(ctx, tx))
 	require.Equal(t, all, b.stored(ctx, t, all...), "the deletion rolled back with the caller's transaction")
 
-	// Limits below 1 are outside the contract (the Reaper never passes
-	// one), and the dialects differ on them: not checked here.
+	// Limits below 1 are refused: see testExecutorLimitBelowOne.
 	require.Equal(t, 2, del(b.ex, 2))
 	require.Equal(t, []string{"e3", "e5", "live-1", "live-2"}, b.stored(ctx, t, all...), "earliest deadline first")
 	require.Equal(t, 1, del(b.ex, 1))

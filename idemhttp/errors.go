@@ -27,6 +27,12 @@ const (
 	// or could not commit; the handler did not run, or its work was rolled
 	// back. Retry after Retry-After with the same key.
 	CodeStoreUnavailable = "idempotency_store_unavailable"
+	// CodeStoreMisconfigured (500): the idempotency store cannot work as it
+	// is set up (idem.ErrMisconfigured, such as pgx's statement cache
+	// behind a transaction pooler); the handler did not run. Retrying does
+	// not help until an operator changes the configuration; the request's
+	// log record carries the error's message, which names the fix.
+	CodeStoreMisconfigured = "idempotency_store_misconfigured"
 	// CodeLeaseLost (503, leased mode only): the request's lease on the key
 	// was taken over by another attempt (after it ran out, through the
 	// store's StatusCheck or BlindTakeover) before its response was stored.

@@ -290,9 +290,19 @@ func (m *middleware[TTx]) failClaim(w http.ResponseWriter, rq *request, err erro
 		m.failResponseInvalid(w, rq, err)
 	case errors.Is(err, idem.ErrInvalidKey):
 		m.fail(w, rq, "key_invalid", m.keyInvalid())
+	case errors.Is(err, idem.ErrMisconfigured):
+		m.failMisconfigured(w, rq, err)
 	default:
 		m.failUnavailable(w, rq)
 	}
+}
+
+// failMisconfigured answers 500 with CodeStoreMisconfigured: retrying does
+// not help until the configuration changes. The error's message is idem's
+// own, names the fix and carries no key, tenant or body, so it is logged.
+func (m *middleware[TTx]) failMisconfigured(w http.ResponseWriter, rq *request, err error) {
+	m.fail(w, rq, "store_misconfigured", &Error{Status: http.StatusInternalServerError, Code: CodeStoreMisconfigured,
+		Message: "The idempotency store is misconfigured; nothing was done. Report it."}, slog.String("error", err.Error()))
 }
 
 // failUnavailable answers 503 with CodeStoreUnavailable.
@@ -418,7 +428,7 @@ func (m *middleware[TTx]) replay(w http.ResponseWriter, rq *request, resp *idem.
 }
 
 // fail answers with an error of the middleware.
-func (m *middleware[TTx]) fail(w http.ResponseWriter, rq *request, outcome string, e *Error) {
+func (m *middleware[TTx]) fail(w http.ResponseWriter, rq *request, outcome string, e *Error, extra ...slog.Attr) {
 	e.RequestID = rq.requestID
 	h := w.Header()
 	h.Set(requestIDHeader, rq.requestID)
@@ -426,7 +436,7 @@ func (m *middleware[TTx]) fail(w http.ResponseWriter, rq *request, outcome strin
 		h.Set("Retry-After", retryAfterSeconds(e.RetryAfter))
 	}
 	m.cfg.RenderError(w, rq.r, e)
-	m.log(rq, outcome, e.Status)
+	m.log(rq, outcome, e.Status, extra...)
 }
 
 // asError turns an error of a hook into the error to answer: an *Error as it
@@ -445,10 +455,10 @@ func asError(err error, code, message string) *Error {
 
 // log writes the one record of a protected request. It carries digests,
 // never the raw key, tenant or body.
-func (m *middleware[TTx]) log(rq *request, outcome string, status int) {
+func (m *middleware[TTx]) log(rq *request, outcome string, status int, extra ...slog.Attr) {
 	level := slog.LevelInfo
 	switch outcome {
-	case "store_unavailable", "response_too_large", "response_invalid", "record_invalid", "panic", "lease_lost", "no_response", "operation_failed":
+	case "store_unavailable", "store_misconfigured", "response_too_large", "response_invalid", "record_invalid", "panic", "lease_lost", "no_response", "operation_failed":
 		level = slog.LevelError
 	case "rolled_back_not_released":
 		level = slog.LevelWarn
@@ -474,6 +484,7 @@ func (m *middleware[TTx]) log(rq *request, outcome string, status int) {
 	if rq.attempt != 0 {
 		attrs = append(attrs, slog.Int("attempt", rq.attempt))
 	}
+	attrs = append(attrs, extra...)
 	latency := time.Since(rq.start)
 	attrs = append(attrs, slog.Duration("latency", latency))
 	m.cfg.Logger.LogAttrs(rq.r.Context(), level, "idemhttp: request", attrs...)

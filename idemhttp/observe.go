@@ -15,7 +15,8 @@ type RequestEvent struct {
 	// "completed_final_failure", "replayed", "rolled_back", "key_reused",
 	// "in_progress", "store_unavailable", "key_missing", "key_invalid",
 	// "body_rejected", "tenant_invalid", "fingerprint_failed",
-	// "method_invalid", "response_too_large", "response_invalid",
+	// "method_invalid", "operation_failed", "store_misconfigured",
+	// "no_response", "response_too_large", "response_invalid",
 	// "record_invalid", "unprotected", "panic", and in the leased mode
 	// "lease_lost" and "rolled_back_not_released". A bounded set.
 	Outcome string

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 
 	gomysql "github.com/go-sql-driver/mysql"
 
@@ -168,4 +169,15 @@ func isDupEntry(err error) bool {
 func isLockWaitTimeout(err error) bool {
 	var myErr *gomysql.MySQLError
 	return errors.As(err, &myErr) && myErr.Number == erLockWaitTimeout
+}
+
+// ErrorCode returns the number of the server error in err's chain, or ""
+// if there is none. The Store logs it in place of the error's text, which
+// can quote values ("Duplicate entry '…' for key …").
+func (d *Dialect) ErrorCode(err error) string {
+	var myErr *gomysql.MySQLError
+	if errors.As(err, &myErr) {
+		return strconv.Itoa(int(myErr.Number))
+	}
+	return ""
 }

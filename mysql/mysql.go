@@ -523,6 +523,9 @@ func (e *executor) RenewLease(ctx context.Context, p *idem.RenewLeaseParams) (ti
 // its statement compared with: the pinned now, or the server's clock read
 // just before.
 func (e *executor) ListStaleLeases(ctx context.Context, p *idem.ListStaleLeasesParams) ([]*idem.Record, time.Time, error) {
+	if err := checkLimit(p.Limit); err != nil {
+		return nil, time.Time{}, err
+	}
 	now, err := e.statementNow(ctx, p.Now)
 	if err != nil {
 		return nil, time.Time{}, err
@@ -550,6 +553,9 @@ func (e *executor) ListStaleLeases(ctx context.Context, p *idem.ListStaleLeasesP
 // transactions hold instead of waiting for them (see deleteExpired), so it
 // needs no bound on lock waits; a skipped row is left for a later call.
 func (e *executor) DeleteExpired(ctx context.Context, p *idem.DeleteExpiredParams) (int, error) {
+	if err := checkLimit(p.Limit); err != nil {
+		return 0, err
+	}
 	res, err := e.h.ExecContext(ctx, deleteExpired, pinned(p.Now), p.Limit)
 	if err != nil {
 		return 0, interpretError(err)
@@ -691,4 +697,14 @@ func (t *dbTime) Scan(src any) error {
 	default:
 		return fmt.Errorf("idem: mysql: unexpected %T for a DATETIME value", src)
 	}
+}
+
+// checkLimit rejects a limit below 1. Sent as a parameter of a server-side
+// prepared statement (interpolateParams=false), LIMIT -1 reads as no limit
+// at all: one call would delete every expired record.
+func checkLimit(limit int) error {
+	if limit < 1 {
+		return fmt.Errorf("idem: mysql: limit %d must be at least 1", limit)
+	}
+	return nil
 }

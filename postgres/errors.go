@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -74,10 +76,9 @@ func interpretError(ctx context.Context, err error) error {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch {
-		case pgErr.Code == codeSerializationFailure, pgErr.Code == codeDeadlockDetected,
-			pgErr.Code == codeLockNotAvailable:
-			return fmt.Errorf("%w: %w", idem.ErrRetryable, err)
+		switch class := serverErrorClass(pgErr); {
+		case class != nil:
+			return fmt.Errorf("%w: %w", class, err)
 		case pgErr.Code == codeQueryCanceled && ctx.Err() != nil:
 			// A context watcher that sends a cancel request
 			// (pgconn.CancelRequestContextWatcherHandler) turns ctx's end
@@ -91,15 +92,7 @@ func interpretError(ctx context.Context, err error) error {
 			return fmt.Errorf("%w: %s: %w", idem.ErrMisconfigured, statementCacheAdvice, err)
 		case pgErr.Code == codeProtocolViolation && strings.HasPrefix(pgErr.Message, pgbouncerStartupParameter):
 			return fmt.Errorf("%w: %s: %w", idem.ErrMisconfigured, startupParameterAdvice, err)
-		case pgErr.Code == codeQueryCanceled, // statement_timeout or an administrator's cancel: no answer in time
-			pgErr.Code == codeTooManyConnections,
-			pgErr.Code == codeAdminShutdown, pgErr.Code == codeCrashShutdown,
-			pgErr.Code == codeCannotConnectNow,
-			// A hot standby (a failover not finished, or a name that still
-			// points at the old standby) or default_transaction_read_only:
-			// the store cannot write here now.
-			pgErr.Code == codeReadOnlyTransaction,
-			len(pgErr.Code) == 5 && pgErr.Code[:2] == classConnection:
+		case pgErr.Code == codeQueryCanceled: // statement_timeout or an administrator's cancel: no answer in time
 			return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
 		default:
 			return fmt.Errorf("idem: postgres: %w", err)
@@ -118,4 +111,81 @@ func interpretError(ctx context.Context, err error) error {
 func isPgCode(err error, code string) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// serverErrorClass is the class of a server error whatever statement met
+// it: ErrRetryable for a transaction conflict, ErrStoreUnavailable for a
+// server that cannot serve now, nil otherwise. PgBouncer's refusal of a
+// startup parameter (08P01) is a configuration error, not an outage.
+func serverErrorClass(pgErr *pgconn.PgError) error {
+	switch {
+	case pgErr.Code == codeSerializationFailure, pgErr.Code == codeDeadlockDetected,
+		pgErr.Code == codeLockNotAvailable:
+		return idem.ErrRetryable
+	case pgErr.Code == codeProtocolViolation && strings.HasPrefix(pgErr.Message, pgbouncerStartupParameter):
+		return nil
+	case pgErr.Code == codeTooManyConnections,
+		pgErr.Code == codeAdminShutdown, pgErr.Code == codeCrashShutdown,
+		pgErr.Code == codeCannotConnectNow,
+		// A hot standby (a failover not finished, or a name that still
+		// points at the old standby) or default_transaction_read_only:
+		// the store cannot write here now.
+		pgErr.Code == codeReadOnlyTransaction,
+		len(pgErr.Code) == 5 && pgErr.Code[:2] == classConnection:
+		return idem.ErrStoreUnavailable
+	}
+	return nil
+}
+
+// Classify implements [idem.ErrorClassifier] with [Classify].
+func (d *Dialect) Classify(err error) error { return Classify(err) }
+
+// Classify classifies an error of the caller's own statements on this
+// dialect's pool or a pgx.Tx of it, such as a [idem.Store.Do] callback's
+// statement or tx.Commit(ctx) after [idem.Store.ClaimTx] (which
+// [idem.Store.Classify] calls for you): a serialization failure, deadlock or
+// lock timeout (40001, 40P01, 55P03) is wrapped to match
+// [idem.ErrRetryable]; too many connections (53300), a server shutting down
+// or starting (57P01, 57P02, 57P03), a read-only server (25006), a
+// connection exception (08xxx) and a connection lost or never made (a
+// network error, an unexpected EOF, a closed connection) to match
+// [idem.ErrStoreUnavailable]. Every other error, and one that already
+// matches either, is returned unchanged, so an application's own errors
+// pass through untouched. The driver's error stays reachable with
+// errors.Is and errors.As.
+func Classify(err error) error {
+	if err == nil || errors.Is(err, idem.ErrRetryable) || errors.Is(err, idem.ErrStoreUnavailable) {
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		if class := serverErrorClass(pgErr); class != nil {
+			return fmt.Errorf("%w: %w", class, err)
+		}
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err // the caller's deadline, not the server's state
+	}
+	var (
+		netErr     net.Error
+		connectErr *pgconn.ConnectError
+	)
+	if errors.As(err, &connectErr) || errors.As(err, &netErr) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) ||
+		pgconn.SafeToRetry(err) {
+		return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
+	}
+	return err
+}
+
+// ErrorCode returns the SQLSTATE of the server error in err's chain, or ""
+// if there is none. The Store logs it in place of the error's text, which
+// can quote values.
+func (d *Dialect) ErrorCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
 }

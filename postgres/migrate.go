@@ -47,11 +47,19 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	if o.err != nil {
 		return o.err
 	}
+	// Without a schema, the query naming it finds a closed or unreachable
+	// pool; with one, Ping does: the migration lock takes a connection of
+	// its own, outside the pool, and goose's error for a closed pool is
+	// unclassified.
 	schema := o.schema
+	var err error
 	if schema == "" {
-		if err := pool.QueryRow(ctx, migrationLockSchema).Scan(&schema); err != nil {
-			return fmt.Errorf("idem: postgres: migrate: %w", interpretError(ctx, err))
-		}
+		err = pool.QueryRow(ctx, migrationLockSchema).Scan(&schema)
+	} else {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("idem: postgres: migrate: %w", interpretError(ctx, err))
 	}
 	fsys, err := migrations.FS(migrations.Postgres)
 	if err != nil {

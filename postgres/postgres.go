@@ -542,7 +542,7 @@ func (e *executor) RenewLease(ctx context.Context, p *idem.RenewLeaseParams) (ti
 // oldest lease first, without locking them.
 func (e *executor) ListStaleLeases(ctx context.Context, p *idem.ListStaleLeasesParams) ([]*idem.Record, time.Time, error) {
 	if p.Limit < 1 {
-		return nil, time.Time{}, fmt.Errorf("idem: postgres: limit %d out of range", p.Limit)
+		return nil, time.Time{}, fmt.Errorf("idem: postgres: limit %d must be at least 1", p.Limit)
 	}
 	rows, err := e.db.Query(ctx, e.st.listStaleLeases, pinnedNow(p.Now), int64(p.Limit))
 	if err != nil {
@@ -581,7 +581,7 @@ func (e *executor) ListStaleLeases(ctx context.Context, p *idem.ListStaleLeasesP
 // skipping rows other transactions hold locked.
 func (e *executor) DeleteExpired(ctx context.Context, p *idem.DeleteExpiredParams) (int, error) {
 	if p.Limit < 1 {
-		return 0, fmt.Errorf("idem: postgres: limit %d out of range", p.Limit)
+		return 0, fmt.Errorf("idem: postgres: limit %d must be at least 1", p.Limit)
 	}
 	tag, err := e.db.Exec(ctx, e.st.deleteExpired, pinnedNow(p.Now), int64(p.Limit))
 	if err != nil {

@@ -3,8 +3,10 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strconv"
 
 	msqlite "modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -48,15 +50,8 @@ func interpretError(err error) error {
 	}
 	var serr *msqlite.Error
 	if errors.As(err, &serr) {
-		// Code is the extended result code (the driver enables them); the
-		// low byte is the primary code.
-		if serr.Code() == sqlite3.SQLITE_BUSY_SNAPSHOT {
-			return fmt.Errorf("%w: %w", idem.ErrRetryable, err)
-		}
-		switch serr.Code() & 0xff {
-		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED,
-			sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_PROTOCOL:
-			return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
+		if class := sqliteErrorClass(serr); class != nil {
+			return fmt.Errorf("%w: %w", class, err)
 		}
 		return fmt.Errorf("idem: sqlite: %w", err)
 	}
@@ -66,6 +61,55 @@ func interpretError(err error) error {
 		return fmt.Errorf("idem: sqlite: %w", err)
 	}
 	return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
+}
+
+// sqliteErrorClass is the class of an error of SQLite itself whatever
+// statement met it: ErrRetryable for SQLITE_BUSY_SNAPSHOT, ErrStoreUnavailable
+// for the lock held past the busy timeout or a database that cannot be
+// opened or read, nil otherwise.
+func sqliteErrorClass(serr *msqlite.Error) error {
+	// Code is the extended result code (the driver enables them); the low
+	// byte is the primary code.
+	if serr.Code() == sqlite3.SQLITE_BUSY_SNAPSHOT {
+		return idem.ErrRetryable
+	}
+	switch serr.Code() & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED,
+		sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_PROTOCOL:
+		return idem.ErrStoreUnavailable
+	}
+	return nil
+}
+
+// Classify implements [idem.ErrorClassifier] with [Classify].
+func (d *Dialect) Classify(err error) error { return Classify(err) }
+
+// Classify classifies an error of the caller's own statements on a *sql.DB
+// or *sql.Tx of this driver, such as a [idem.Store.Do] callback's statement
+// or tx.Commit() after [idem.Store.ClaimTx] (which [idem.Store.Classify]
+// calls for you): SQLITE_BUSY_SNAPSHOT (a deferred transaction's snapshot
+// outdated by another writer's commit) is wrapped to match
+// [idem.ErrRetryable]; any other SQLITE_BUSY or SQLITE_LOCKED (the lock held
+// past the busy timeout), SQLITE_CANTOPEN, SQLITE_IOERR, SQLITE_PROTOCOL and
+// a lost or closed connection (driver.ErrBadConn, sql.ErrConnDone) to match
+// [idem.ErrStoreUnavailable]. Every other error, and one that already
+// matches either, is returned unchanged, so an application's own errors pass
+// through untouched. The driver's error stays reachable with errors.As.
+func Classify(err error) error {
+	if err == nil || errors.Is(err, idem.ErrRetryable) || errors.Is(err, idem.ErrStoreUnavailable) {
+		return err
+	}
+	var serr *msqlite.Error
+	if errors.As(err, &serr) {
+		if class := sqliteErrorClass(serr); class != nil {
+			return fmt.Errorf("%w: %w", class, err)
+		}
+		return err
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+		return fmt.Errorf("%w: %w", idem.ErrStoreUnavailable, err)
+	}
+	return err
 }
 
 // isSQLiteError reports whether err was returned by SQLite itself, as
@@ -80,4 +124,15 @@ func isSQLiteError(err error) bool {
 func isBusy(err error) bool {
 	var serr *msqlite.Error
 	return errors.As(err, &serr) && serr.Code()&0xff == sqlite3.SQLITE_BUSY
+}
+
+// ErrorCode returns the extended result code of the SQLite error in err's
+// chain, or "" if there is none. The Store logs it in place of the error's
+// text.
+func (d *Dialect) ErrorCode(err error) string {
+	var serr *msqlite.Error
+	if errors.As(err, &serr) {
+		return strconv.Itoa(serr.Code())
+	}
+	return ""
 }

@@ -19,6 +19,12 @@ import (
 // transactions of 500 rows. Up's error is returned
 // unchanged, so a *goose.PartialError stays reachable with errors.As.
 func Migrate(ctx context.Context, db *sql.DB) error {
+	// goose's errors do not say whether the database was reachable: a
+	// closed *sql.DB or an unopenable file is found here first, and
+	// classified as every other statement's error is.
+	if err := db.PingContext(ctx); err != nil {
+		return fmt.Errorf("idem: sqlite: migrate: %w", interpretError(err))
+	}
 	p, err := migrations.NewProvider(migrations.SQLite, db)
 	if err != nil {
 		return err

@@ -670,12 +670,12 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// checkLimit rejects a negative limit, which SQLite would read as "no limit":
-// a reaper bug must not turn into one unbounded delete holding the write
-// lock.
+// checkLimit rejects a limit below 1, as the other dialects do: SQLite
+// would read a negative one as "no limit", and a reaper bug must not turn
+// into one unbounded delete holding the write lock.
 func checkLimit(limit int) error {
-	if limit < 0 {
-		return fmt.Errorf("idem: sqlite: negative limit %d", limit)
+	if limit < 1 {
+		return fmt.Errorf("idem: sqlite: limit %d must be at least 1", limit)
 	}
 	return nil
 }
