@@ -158,7 +158,9 @@ func (s *Store[TTx]) unknownDelay(rec *Record, now time.Time) time.Duration {
 // the record. It returns the resolution and, for unknown, the delay.
 func (s *Store[TTx]) resolveStale(ctx context.Context, exec Executor, rec *Record, now time.Time, tok int64, handOver func() error) (string, time.Duration, error) {
 	kd := digest.Key(rec.Scope, rec.Key)
+	start := time.Now()
 	v, checkErr := s.runCheck(ctx, rec)
+	s.observeCheck(ctx, start, rec, v, checkErr)
 	if checkErr != nil {
 		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: status check failed; record stays processing",
 			append([]slog.Attr{slog.String("key", kd)}, s.checkErrorAttrs(checkErr)...)...)
@@ -232,6 +234,7 @@ func (s *Store[TTx]) claimStale(ctx context.Context, exec Executor, inTx bool, r
 		if err != nil {
 			return nil, err
 		}
+		s.observeLease(ctx, rec.Scope, rec.Key, LeaseTakenOver, rec.Attempt+1)
 		return &Claim{Scope: rec.Scope, Key: rec.Key, Token: newTok, Attempt: rec.Attempt + 1,
 			LeaseExpiresAt: now.Add(s.cfg.LeaseDuration)}, nil
 	}
@@ -401,6 +404,7 @@ func (l *Lease[TTx]) Extend(ctx context.Context, d time.Duration) error {
 		Scope: l.claim.Scope, Key: l.claim.Key, Token: l.claim.Token, NewToken: l.claim.Token,
 		Duration: d, WaitTimeout: l.store.cfg.WaitTimeout, Now: l.store.now(),
 	})
+	l.store.observeRenewal(ctx, &l.claim, err)
 	if err != nil {
 		return fmt.Errorf("idem: renew lease on key %s: %w", l.KeyDigest(), err)
 	}
@@ -455,6 +459,10 @@ func (l *Lease[TTx]) KeepAlive(ctx context.Context) (workCtx context.Context, st
 				}
 				if !errors.Is(err, ErrFenced) && time.Now().Add(interval).Before(deadline) {
 					continue // a blip (lock wait, connection): the lease still holds
+				}
+				if !errors.Is(err, ErrFenced) {
+					// A fenced renewal reported itself as lost.
+					l.store.observeLease(ctx, l.claim.Scope, l.claim.Key, LeaseLost, l.claim.Attempt)
 				}
 				failure = err
 				cancel(err)

@@ -181,6 +181,8 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		}
 	}
 	exec := r.store.dialect.DB()
+	start := r.store.observeStart()
+	batches, behind := 0, false
 	for batch := range r.cfg.MaxBatches {
 		if batch > 0 && r.cfg.BatchPause > 0 {
 			if err := sleepCtx(ctx, r.cfg.BatchPause); err != nil {
@@ -189,6 +191,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		}
 		n, err := exec.DeleteExpired(ctx, &DeleteExpiredParams{Limit: r.cfg.BatchSize, Now: r.store.now()})
 		rep.Deleted += n
+		batches++
 		if err != nil {
 			fail(&reapError{step: "delete expired", err: err})
 			break
@@ -196,6 +199,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		if n < r.cfg.BatchSize {
 			break
 		}
+		behind = batch == r.cfg.MaxBatches-1
 	}
 	if ctx.Err() != nil {
 		return rep, ctx.Err()
@@ -237,6 +241,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		slog.Int("deleted", rep.Deleted), slog.Int("finalised", rep.Finalised),
 		slog.Int("handed_over", rep.HandedOver), slog.Int("unknown", rep.Unknown),
 		slog.Int("unresolved", rep.Unresolved), slog.Int("bodies_deleted", rep.BodiesDeleted), slog.Int("errors", rep.Errors))
+	r.store.observeReap(ctx, start, rep, batches, behind, len(stale))
 	return rep, firstErr
 }
 

@@ -123,6 +123,11 @@ type Config struct {
 	// BodyStore is set. Defaults to 64 KiB ([DefaultInlineBodyMax]), or
 	// MaxResponseBytes if that is smaller.
 	InlineBodyMax int
+
+	// Observer receives claim, completion, lease, status-check and reaper
+	// events, for metrics and traces (see contrib/idemotel). Defaults to
+	// nil: nothing is reported, at no cost.
+	Observer *Observer
 }
 
 const (
@@ -313,7 +318,11 @@ func FinalFailure(resp *Response) error { return &FinalFailureError{Response: re
 // written) and [ErrStoreUnavailable] when the database cannot be reached. A
 // deadlock is retried up to Config.MaxTxRetries times before [ErrRetryable]
 // is returned.
-func (s *Store[TTx]) Claim(ctx context.Context, scope, key string, fp Fingerprint) (*Claim, error) {
+func (s *Store[TTx]) Claim(ctx context.Context, scope, key string, fp Fingerprint) (c *Claim, err error) {
+	if s.cfg.Observer != nil {
+		start := time.Now()
+		defer func() { s.observeClaim(ctx, start, scope, key, c, err) }()
+	}
 	if err := validate(scope, key); err != nil {
 		return nil, err
 	}
@@ -389,7 +398,11 @@ func (s *Store[TTx]) replayFast(ctx context.Context, scope, key string, fp Finge
 // After any error, roll tx back unless the error is an *[InProgressError]
 // with TxAborted false or [ErrFingerprint]; on PostgreSQL every database
 // error aborts the transaction.
-func (s *Store[TTx]) ClaimTx(ctx context.Context, tx TTx, scope, key string, fp Fingerprint) (*Claim, error) {
+func (s *Store[TTx]) ClaimTx(ctx context.Context, tx TTx, scope, key string, fp Fingerprint) (c *Claim, err error) {
+	if s.cfg.Observer != nil {
+		start := time.Now()
+		defer func() { s.observeClaim(ctx, start, scope, key, c, err) }()
+	}
 	return s.claim(ctx, s.dialect.Tx(tx), true, scope, key, fp)
 }
 
@@ -562,7 +575,12 @@ func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, stat
 	if err != nil {
 		return err
 	}
-	if err := exec.Complete(ctx, p); err != nil {
+	start := s.observeStart()
+	err = exec.Complete(ctx, p)
+	if s.cfg.Observer != nil {
+		s.observeComplete(ctx, start, c, status, resp, err)
+	}
+	if err != nil {
 		return fmt.Errorf("idem: complete key %s: %w", digest.Key(c.Scope, c.Key), deferredConflict(c, err))
 	}
 	s.logKey(ctx, c.Scope, c.Key, completedOutcome(status))
@@ -576,7 +594,12 @@ func (s *Store[TTx]) completeCommit(ctx context.Context, pipe TxPipeliner[TTx], 
 	if err != nil {
 		return err
 	}
-	if err := pipe.CompleteCommit(ctx, tx, p); err != nil {
+	start := s.observeStart()
+	err = pipe.CompleteCommit(ctx, tx, p)
+	if s.cfg.Observer != nil {
+		s.observeComplete(ctx, start, c, status, resp, err)
+	}
+	if err != nil {
 		return fmt.Errorf("idem: complete and commit key %s: %w", digest.Key(c.Scope, c.Key), deferredConflict(c, err))
 	}
 	s.logKey(ctx, c.Scope, c.Key, completedOutcome(status))
@@ -734,11 +757,16 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 		tx    TTx
 		err   error
 		began = !piped // with pipe, once BeginClaim was called
+		start = s.observeStart()
 	)
 	if !piped {
 		tx, err = s.dialect.Begin(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("idem: begin: %w", err)
+			err = fmt.Errorf("idem: begin: %w", err)
+			if s.cfg.Observer != nil {
+				s.observeClaim(ctx, start, scope, key, nil, err)
+			}
+			return nil, err
 		}
 	}
 	done := false
@@ -762,6 +790,10 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 		}, true)
 	} else {
 		c, err = s.claimFrom(ctx, s.dialect.Tx(tx), true, scope, key, fp, nil, true)
+	}
+	if s.cfg.Observer != nil && !errors.Is(err, errStaleLease) {
+		// A stale lease is reported by doStale's pool-level claim.
+		s.observeClaim(ctx, start, scope, key, c, err)
 	}
 	if errors.Is(err, errStaleLease) {
 		// A crashed leased holder's record: the status check must not run

@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -154,6 +155,12 @@ type Config struct {
 	// fingerprint prefix and the latency. It never receives a raw key,
 	// tenant or body. Defaults to discarding everything.
 	Logger *slog.Logger
+
+	// Observe, if set, is called once per protected request, after it was
+	// answered, with the request's context and what the log record says
+	// (see [RequestEvent]); contrib/idemotel turns it into metrics. It must
+	// be safe for concurrent use and must not block. Defaults to nil.
+	Observe func(ctx context.Context, e RequestEvent)
 
 	// RenderError writes the middleware's error responses. The X-Request-Id
 	// header, and Retry-After where it applies, are set before it is

@@ -503,8 +503,12 @@ func (m *middleware[TTx]) log(rq *request, outcome string, status int, extra ...
 		attrs = append(attrs, slog.Int("attempt", rq.attempt))
 	}
 	attrs = append(attrs, extra...)
-	attrs = append(attrs, slog.Duration("latency", time.Since(rq.start)))
+	latency := time.Since(rq.start)
+	attrs = append(attrs, slog.Duration("latency", latency))
 	m.cfg.Logger.LogAttrs(rq.r.Context(), level, "idemhttp: request", attrs...)
+	if m.cfg.Observe != nil {
+		m.observe(rq.r.Context(), rq, outcome, status, latency)
+	}
 }
 
 // scopeDigest is a short, non-reversible label for a scope, which holds the
