@@ -1,0 +1,267 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemstore/idem/internal/digest"
+)
+
+// Claim is the result of claiming a key: either the caller now owns the key
+// (Acquired) and must run the business effect and complete the claim, or the
+// key was already completed and Replay holds the stored record.
+type Claim struct {
+	// Scope and Key name the record.
+	Scope string
+	Key   string
+	// Token is the fencing token of this holder; completion is accepted
+	// only while the record still carries it.
+	Token int64
+	// Attempt counts holders of this key.
+	Attempt int
+	// LeaseExpiresAt is when other claimers may presume this holder gone;
+	// for a takeover it is estimated (early) from the database clock.
+	LeaseExpiresAt time.Time
+	// Replay is the completed record when the key was used before with the
+	// same fingerprint. The caller must answer with Replay.Response and must
+	// not run the business effect again.
+	Replay *Record
+
+	// deferred is set by Do's deferred claims: no record exists yet, and
+	// the completion inserts it with fingerprint and createdAt.
+	deferred    bool
+	fingerprint Fingerprint
+	createdAt   time.Time
+}
+
+// Acquired reports whether the caller owns the key and must run the
+// business effect.
+func (c *Claim) Acquired() bool { return c != nil && c.Replay == nil }
+
+// Claim claims key in scope for the request identified by fp on the pool,
+// committing the processing record at once: it is visible to every other
+// claimer before Claim returns. Use it when the business effect is not in the
+// same database; otherwise prefer [Store.ClaimTx] or [Store.Do], which commit
+// the claim with the business rows.
+//
+// Outcomes:
+//   - the key is new, or past its retention deadline: the caller acquires it;
+//   - the key was completed with the same fingerprint: a Claim with Replay set;
+//   - the key was used with another fingerprint: [ErrFingerprint];
+//   - another holder owns it: [ErrInProgress] (as *[InProgressError]).
+//
+// It returns [ErrInvalidKey] or [ErrInvalidScope] for bad input (nothing is
+// written) and [ErrStoreUnavailable] when the database cannot be reached. A
+// deadlock is retried up to Config.MaxTxRetries times before [ErrRetryable]
+// is returned.
+func (s *Store[TTx]) Claim(ctx context.Context, scope, key string, fp Fingerprint) (*Claim, error) {
+	if err := validate(scope, key); err != nil {
+		return nil, err
+	}
+	if c, done, err := s.replayFast(ctx, scope, key, fp); done {
+		return c, err
+	}
+	// On the pool each statement commits on its own, so a deadlock victim
+	// (possible on MySQL when claimers of one key pile up) lost nothing but
+	// that statement: trying again is safe, unlike inside a caller's tx.
+	for try := 0; ; try++ {
+		c, err := s.claim(ctx, s.dialect.DB(), false, scope, key, fp)
+		if err == nil || !errors.Is(err, ErrRetryable) || try >= s.cfg.MaxTxRetries || ctx.Err() != nil {
+			return c, err
+		}
+		if err := sleepCtx(ctx, backoff(try)); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// replayFast answers a pool-level claim of a completed key with one plain
+// read by primary key on the pool: no transaction, no lock, no write. It is
+// correct because a completed record never changes until its retention
+// deadline, which the read checks with the database's clock (Executor.Get
+// returns only live records): the replay or mismatch it reports is exactly
+// what the claim would have decided at the moment of the read. done is false
+// when the key is absent, processing or past retention; the caller then
+// claims as usual (a new key pays this one extra primary-key read).
+//
+// Only the pool path uses it. Inside a caller's transaction the claim must
+// take the dialect's locks (MySQL's shared lock keeps a completed record
+// from being taken over until the transaction ends), and Do, which claims in
+// its own transaction, would pay the extra read on every new key for no
+// saving on its replays' round trips (on PostgreSQL the claim travels with
+// BEGIN).
+func (s *Store[TTx]) replayFast(ctx context.Context, scope, key string, fp Fingerprint) (_ *Claim, done bool, _ error) {
+	rec, err := s.dialect.DB().Get(ctx, &GetParams{Scope: scope, Key: key, Now: s.now()})
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, false, nil
+	case err != nil:
+		kd := digest.Key(scope, key)
+		return nil, true, fmt.Errorf("idem: claim key %s: %w", kd, s.checkRead(ctx, nil, err, kd))
+	case !rec.Status.Final():
+		return nil, false, nil
+	case !rec.Fingerprint.Equal(fp):
+		kd := digest.Key(scope, key)
+		s.logOutcome(ctx, kd, "fingerprint_mismatch")
+		return nil, true, fmt.Errorf("%w (key %s)", ErrFingerprint, kd)
+	}
+	if err := s.checkRead(ctx, rec, nil, digest.Key(scope, key)); err != nil {
+		return nil, true, fmt.Errorf("idem: claim key %s: %w", digest.Key(scope, key), err)
+	}
+	s.logKey(ctx, scope, key, "replay")
+	return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, true, nil
+}
+
+// ClaimTx claims key in scope inside the caller's transaction tx, with the
+// outcomes and errors of [Store.Claim]. idem never commits or rolls back tx;
+// the claim becomes visible, and durable, when the caller commits. Until then
+// other claimers of the key wait (up to Config.WaitTimeout; on SQLite they
+// wait to begin their transactions), and if tx rolls back the key is free
+// again. On MySQL the claim holds a lock on the record until tx ends, even
+// when it did not acquire: end tx promptly after a replay or an error.
+//
+// After an acquired ClaimTx, run the business writes on tx, then
+// [Store.CompleteTx] on tx, then commit: the stored response and the business
+// rows commit together, or neither does. Pass the errors of your own
+// statements and of the commit through [Store.Classify] to learn whether
+// running the whole transaction again may succeed ([ErrRetryable]; on
+// MariaDB Galera a certification failure can end any statement or COMMIT).
+//
+// After any error, roll tx back unless the error is an *[InProgressError]
+// with TxAborted false or [ErrFingerprint]; on PostgreSQL every database
+// error aborts the transaction.
+func (s *Store[TTx]) ClaimTx(ctx context.Context, tx TTx, scope, key string, fp Fingerprint) (*Claim, error) {
+	return s.claim(ctx, s.dialect.Tx(tx), true, scope, key, fp)
+}
+
+// claim runs the decision table on exec; inTx tells that exec is a caller's
+// transaction, where a stale lease's status check must not run.
+func (s *Store[TTx]) claim(ctx context.Context, exec Executor, inTx bool, scope, key string, fp Fingerprint) (*Claim, error) {
+	return s.claimFrom(ctx, exec, inTx, scope, key, fp, nil, false)
+}
+
+// claimFrom is claim whose first Claim, when first is not nil, is made by
+// first instead of exec.Claim: first returns the claim's result and the
+// Executor every later statement runs on (a pipelined BeginClaim returns
+// the transaction it began). exec may then be nil. Every result goes
+// through the same decision table. deferred asks for a deferred claim
+// (ClaimParams.Defer): only Do, whose callback never sees the record, asks.
+func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, scope, key string, fp Fingerprint,
+	first func(p *ClaimParams) (Executor, *ClaimResult, error), deferred bool,
+) (*Claim, error) {
+	if err := validate(scope, key); err != nil {
+		return nil, err
+	}
+	// The key's digest, for errors and logs only: computed when first needed.
+	var digested string
+	kd := func() string {
+		if digested == "" {
+			digested = digest.Key(scope, key)
+		}
+		return digested
+	}
+	for round := range maxClaimRounds {
+		token := newToken()
+		p := &ClaimParams{
+			Scope:         scope,
+			Key:           key,
+			Fingerprint:   fp,
+			Token:         token,
+			LeaseDuration: s.cfg.LeaseDuration,
+			Retention:     s.cfg.Retention,
+			WaitTimeout:   s.cfg.WaitTimeout,
+			Now:           s.now(),
+			Defer:         deferred,
+		}
+		var (
+			res *ClaimResult
+			err error
+		)
+		if round == 0 && first != nil {
+			exec, res, err = first(p)
+		} else {
+			res, err = exec.Claim(ctx, p)
+		}
+		if errors.Is(err, ErrNotFound) {
+			continue // the conflicting record vanished before we read it
+		}
+		if err != nil {
+			var inProgress *InProgressError
+			if errors.As(err, &inProgress) {
+				out := *inProgress
+				out.KeyDigest = kd()
+				s.logOutcome(ctx, kd(), "in_progress_uncommitted")
+				return nil, &out
+			}
+			return nil, fmt.Errorf("idem: claim key %s: %w", kd(), s.checkRead(ctx, nil, err, kd()))
+		}
+		rec := res.Record
+		if res.Created {
+			s.logKey(ctx, scope, key, "acquired")
+			c := &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt}
+			if res.Deferred {
+				c.deferred, c.fingerprint, c.createdAt = true, fp, rec.CreatedAt
+			}
+			return c, nil
+		}
+		if !rec.ExpiresAt.After(res.Now) {
+			// Past retention the old intent is forgotten: claim the key
+			// anew, fenced by the old token so only one claimer wins.
+			newTok := max(token, rec.Token+1)
+			err := exec.Takeover(ctx, &TakeoverParams{
+				Scope:         scope,
+				Key:           key,
+				Token:         rec.Token,
+				NewToken:      newTok,
+				Fingerprint:   fp,
+				Attempt:       1,
+				LeaseDuration: s.cfg.LeaseDuration,
+				Retention:     s.cfg.Retention,
+				Condition:     TakeoverRetentionExpired,
+				WaitTimeout:   s.cfg.WaitTimeout,
+				Now:           s.now(),
+			})
+			if errors.Is(err, ErrFenced) {
+				continue // another claimer took it over, or the holder completed, first
+			}
+			if inProgress, ok := errors.AsType[*InProgressError](err); ok {
+				out := *inProgress
+				out.KeyDigest = kd()
+				return nil, &out
+			}
+			if err != nil {
+				return nil, fmt.Errorf("idem: claim expired key %s: %w", kd(), err)
+			}
+			s.logOutcome(ctx, kd(), "acquired_expired")
+			return &Claim{Scope: scope, Key: key, Token: newTok, Attempt: 1, LeaseExpiresAt: res.Now.Add(s.cfg.LeaseDuration)}, nil
+		}
+		if !rec.Fingerprint.Equal(fp) {
+			s.logOutcome(ctx, kd(), "fingerprint_mismatch")
+			return nil, fmt.Errorf("%w (key %s)", ErrFingerprint, kd())
+		}
+		if rec.Status.Final() {
+			if err := s.checkRead(ctx, rec, nil, kd()); err != nil {
+				return nil, fmt.Errorf("idem: claim key %s: %w", kd(), err)
+			}
+			s.logKey(ctx, scope, key, "replay")
+			return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, nil
+		}
+		if rec.LeaseExpiresAt.After(res.Now) {
+			s.logOutcome(ctx, kd(), "in_progress")
+			return nil, &InProgressError{KeyDigest: kd(), RetryAfter: rec.LeaseExpiresAt.Sub(res.Now)}
+		}
+		c, err := s.claimStale(ctx, exec, inTx, rec, res.Now, kd())
+		if errors.Is(err, ErrFenced) {
+			continue // another claimer, a reaper or a renewal got to the record first
+		}
+		if inProgress, ok := errors.AsType[*InProgressError](err); ok && inProgress.KeyDigest == "" {
+			out := *inProgress
+			out.KeyDigest = kd()
+			return nil, &out
+		}
+		return c, err
+	}
+	return nil, fmt.Errorf("idem: claim key %s: the record kept changing under concurrent writers: %w", kd(), ErrRetryable)
+}
