@@ -67,7 +67,7 @@ func (s *Store[TTx]) Claim(ctx context.Context, scope, key string, fp Fingerprin
 	// (possible on MySQL when claimers of one key pile up) lost nothing but
 	// that statement: trying again is safe, unlike inside a caller's tx.
 	for try := 0; ; try++ {
-		c, err := s.claim(ctx, s.dialect.DB(), false, scope, key, fp)
+		c, err := s.claim(ctx, s.dialect.DB(), onPool, scope, key, fp)
 		if err == nil || !errors.Is(err, ErrRetryable) || try >= s.cfg.MaxTxRetries || ctx.Err() != nil {
 			return c, err
 		}
@@ -133,135 +133,168 @@ func (s *Store[TTx]) replayFast(ctx context.Context, scope, key string, fp Finge
 // with TxAborted false or [ErrFingerprint]; on PostgreSQL every database
 // error aborts the transaction.
 func (s *Store[TTx]) ClaimTx(ctx context.Context, tx TTx, scope, key string, fp Fingerprint) (*Claim, error) {
-	return s.claim(ctx, s.dialect.Tx(tx), true, scope, key, fp)
+	return s.claim(ctx, s.dialect.Tx(tx), inCallerTx, scope, key, fp)
 }
 
-// claim runs the decision table on exec; inTx tells that exec is a caller's
-// transaction, where a stale lease's status check must not run.
-func (s *Store[TTx]) claim(ctx context.Context, exec Executor, inTx bool, scope, key string, fp Fingerprint) (*Claim, error) {
-	return s.claimFrom(ctx, exec, inTx, scope, key, fp, nil, false)
-}
+// maxClaimRounds bounds how often a claim starts over when the record it
+// found changed under it (deleted by the reaper, taken over by a concurrent
+// claimer). Each round is caused by another writer's progress.
+const maxClaimRounds = 5
 
-// claimFrom is claim whose first Claim, when first is not nil, is made by
-// first instead of exec.Claim: first returns the claim's result and the
-// Executor every later statement runs on (a pipelined BeginClaim returns
-// the transaction it began). exec may then be nil. Every result goes
-// through the same decision table. deferred asks for a deferred claim
-// (ClaimParams.Defer): only Do, whose callback never sees the record, asks.
-func (s *Store[TTx]) claimFrom(ctx context.Context, exec Executor, inTx bool, scope, key string, fp Fingerprint,
-	first func(p *ClaimParams) (Executor, *ClaimResult, error), deferred bool,
-) (*Claim, error) {
+// claimSite is where a claim's statements run, which decides what a stale
+// lease and a free key lead to.
+type claimSite int
+
+const (
+	// onPool: each statement commits on its own, and a stale lease's status
+	// check runs at once ([Store.Claim], [Store.Acquire]).
+	onPool claimSite = iota
+	// inCallerTx: a caller's transaction ([Store.ClaimTx]), where the check
+	// must not run: a stale lease answers in progress.
+	inCallerTx
+	// inDoTx: the transaction [Store.Do] began for itself. The claim is
+	// deferred (ClaimParams.Defer), since fn never sees the record, and a
+	// stale lease returns errStaleLease, which Do settles on the pool.
+	inDoTx
+)
+
+// claim runs the decision table on exec from a first Claim statement.
+func (s *Store[TTx]) claim(ctx context.Context, exec Executor, site claimSite, scope, key string, fp Fingerprint) (*Claim, error) {
 	if err := validate(scope, key); err != nil {
 		return nil, err
 	}
-	// The key's digest, for errors and logs only: computed when first needed.
-	var digested string
-	kd := func() string {
-		if digested == "" {
-			digested = digest.Key(scope, key)
-		}
-		return digested
+	p := s.claimParams(scope, key, fp, site)
+	res, err := exec.Claim(ctx, p)
+	return s.settleClaim(ctx, exec, site, p, res, err)
+}
+
+// claimParams are the parameters of one Claim statement, with a new token.
+func (s *Store[TTx]) claimParams(scope, key string, fp Fingerprint, site claimSite) *ClaimParams {
+	return &ClaimParams{
+		Scope:         scope,
+		Key:           key,
+		Fingerprint:   fp,
+		Token:         newToken(),
+		LeaseDuration: s.cfg.LeaseDuration,
+		Retention:     s.cfg.Retention,
+		WaitTimeout:   s.cfg.WaitTimeout,
+		Now:           s.now(),
+		Defer:         site == inDoTx,
 	}
-	for round := range maxClaimRounds {
-		token := newToken()
-		p := &ClaimParams{
-			Scope:         scope,
-			Key:           key,
-			Fingerprint:   fp,
-			Token:         token,
-			LeaseDuration: s.cfg.LeaseDuration,
-			Retention:     s.cfg.Retention,
-			WaitTimeout:   s.cfg.WaitTimeout,
-			Now:           s.now(),
-			Defer:         deferred,
+}
+
+// settleClaim decides what the Claim statement p answered (res, err) means,
+// and claims again on exec while the record it met changed under it. The
+// first statement is the caller's, so that Do's pipelined BeginClaim goes
+// through the same table.
+func (s *Store[TTx]) settleClaim(ctx context.Context, exec Executor, site claimSite, p *ClaimParams, res *ClaimResult, err error) (*Claim, error) {
+	for round := 1; ; round++ {
+		c, again, err := s.decideClaim(ctx, exec, site, p, res, err)
+		if !again {
+			return c, err
 		}
-		var (
-			res *ClaimResult
-			err error
-		)
-		if round == 0 && first != nil {
-			exec, res, err = first(p)
-		} else {
-			res, err = exec.Claim(ctx, p)
+		if round == maxClaimRounds {
+			return nil, fmt.Errorf("idem: claim key %s: the record kept changing under concurrent writers: %w",
+				digest.Key(p.Scope, p.Key), ErrRetryable)
 		}
-		if errors.Is(err, ErrNotFound) {
-			continue // the conflicting record vanished before we read it
-		}
-		if err != nil {
-			var inProgress *InProgressError
-			if errors.As(err, &inProgress) {
-				out := *inProgress
-				out.KeyDigest = kd()
-				s.logOutcome(ctx, kd(), "in_progress_uncommitted")
-				return nil, &out
-			}
-			return nil, fmt.Errorf("idem: claim key %s: %w", kd(), s.checkRead(ctx, nil, err, kd()))
-		}
-		rec := res.Record
-		if res.Created {
-			s.logKey(ctx, scope, key, "acquired")
-			c := &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt}
-			if res.Deferred {
-				c.deferred, c.fingerprint, c.createdAt = true, fp, rec.CreatedAt
-			}
-			return c, nil
-		}
-		if !rec.ExpiresAt.After(res.Now) {
-			// Past retention the old intent is forgotten: claim the key
-			// anew, fenced by the old token so only one claimer wins.
-			newTok := max(token, rec.Token+1)
-			err := exec.Takeover(ctx, &TakeoverParams{
-				Scope:         scope,
-				Key:           key,
-				Token:         rec.Token,
-				NewToken:      newTok,
-				Fingerprint:   fp,
-				Attempt:       1,
-				LeaseDuration: s.cfg.LeaseDuration,
-				Retention:     s.cfg.Retention,
-				Condition:     TakeoverRetentionExpired,
-				WaitTimeout:   s.cfg.WaitTimeout,
-				Now:           s.now(),
-			})
-			if errors.Is(err, ErrFenced) {
-				continue // another claimer took it over, or the holder completed, first
-			}
-			if inProgress, ok := errors.AsType[*InProgressError](err); ok {
-				out := *inProgress
-				out.KeyDigest = kd()
-				return nil, &out
-			}
-			if err != nil {
-				return nil, fmt.Errorf("idem: claim expired key %s: %w", kd(), err)
-			}
-			s.logOutcome(ctx, kd(), "acquired_expired")
-			return &Claim{Scope: scope, Key: key, Token: newTok, Attempt: 1, LeaseExpiresAt: res.Now.Add(s.cfg.LeaseDuration)}, nil
-		}
-		if !rec.Fingerprint.Equal(fp) {
-			s.logOutcome(ctx, kd(), "fingerprint_mismatch")
-			return nil, fmt.Errorf("%w (key %s)", ErrFingerprint, kd())
-		}
-		if rec.Status.Final() {
-			if err := s.checkRead(ctx, rec, nil, kd()); err != nil {
-				return nil, fmt.Errorf("idem: claim key %s: %w", kd(), err)
-			}
-			s.logKey(ctx, scope, key, "replay")
-			return &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, nil
-		}
-		if rec.LeaseExpiresAt.After(res.Now) {
-			s.logOutcome(ctx, kd(), "in_progress")
-			return nil, &InProgressError{KeyDigest: kd(), RetryAfter: rec.LeaseExpiresAt.Sub(res.Now)}
-		}
-		c, err := s.claimStale(ctx, exec, inTx, rec, res.Now, kd())
-		if errors.Is(err, ErrFenced) {
-			continue // another claimer, a reaper or a renewal got to the record first
-		}
-		if inProgress, ok := errors.AsType[*InProgressError](err); ok && inProgress.KeyDigest == "" {
-			out := *inProgress
-			out.KeyDigest = kd()
-			return nil, &out
-		}
-		return c, err
+		p = s.claimParams(p.Scope, p.Key, p.Fingerprint, site)
+		res, err = exec.Claim(ctx, p)
 	}
-	return nil, fmt.Errorf("idem: claim key %s: the record kept changing under concurrent writers: %w", kd(), ErrRetryable)
+}
+
+// decideClaim is the claim decision table for one answer of Executor.Claim.
+// again asks for another round: the record vanished or was taken over
+// before this claimer could act on it.
+func (s *Store[TTx]) decideClaim(ctx context.Context, exec Executor, site claimSite, p *ClaimParams, res *ClaimResult, err error) (_ *Claim, again bool, _ error) {
+	if errors.Is(err, ErrNotFound) {
+		return nil, true, nil // the conflicting record vanished before we read it
+	}
+	if err != nil {
+		kd := digest.Key(p.Scope, p.Key)
+		if inProgress, ok := inProgressWithDigest(err, kd); ok {
+			s.logOutcome(ctx, kd, "in_progress_uncommitted")
+			return nil, false, inProgress
+		}
+		return nil, false, fmt.Errorf("idem: claim key %s: %w", kd, s.checkRead(ctx, nil, err, kd))
+	}
+	rec := res.Record
+	switch {
+	case res.Created:
+		s.logKey(ctx, p.Scope, p.Key, "acquired")
+		c := &Claim{Scope: p.Scope, Key: p.Key, Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt}
+		if res.Deferred {
+			c.deferred, c.fingerprint, c.createdAt = true, p.Fingerprint, rec.CreatedAt
+		}
+		return c, false, nil
+	case !rec.ExpiresAt.After(res.Now):
+		return s.takeoverExpired(ctx, exec, p, rec, res.Now)
+	case !rec.Fingerprint.Equal(p.Fingerprint):
+		kd := digest.Key(p.Scope, p.Key)
+		s.logOutcome(ctx, kd, "fingerprint_mismatch")
+		return nil, false, fmt.Errorf("%w (key %s)", ErrFingerprint, kd)
+	case rec.Status.Final():
+		if err := s.checkRead(ctx, rec, nil, digest.Key(p.Scope, p.Key)); err != nil {
+			return nil, false, fmt.Errorf("idem: claim key %s: %w", digest.Key(p.Scope, p.Key), err)
+		}
+		s.logKey(ctx, p.Scope, p.Key, "replay")
+		return &Claim{Scope: p.Scope, Key: p.Key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, false, nil
+	case rec.LeaseExpiresAt.After(res.Now):
+		kd := digest.Key(p.Scope, p.Key)
+		s.logOutcome(ctx, kd, "in_progress")
+		return nil, false, &InProgressError{KeyDigest: kd, RetryAfter: rec.LeaseExpiresAt.Sub(res.Now)}
+	}
+	kd := digest.Key(p.Scope, p.Key)
+	c, err := s.claimStale(ctx, exec, site, rec, res.Now, kd)
+	if errors.Is(err, ErrFenced) {
+		return nil, true, nil // another claimer, a reaper or a renewal got to the record first
+	}
+	if inProgress, ok := inProgressWithDigest(err, kd); ok {
+		return nil, false, inProgress
+	}
+	return c, false, err
+}
+
+// takeoverExpired claims a key whose record is past retention: the old
+// intent is forgotten, and the takeover is fenced by the old token so that
+// only one claimer wins.
+func (s *Store[TTx]) takeoverExpired(ctx context.Context, exec Executor, p *ClaimParams, rec *Record, now time.Time) (_ *Claim, again bool, _ error) {
+	newTok := max(p.Token, rec.Token+1)
+	err := exec.Takeover(ctx, &TakeoverParams{
+		Scope:         p.Scope,
+		Key:           p.Key,
+		Token:         rec.Token,
+		NewToken:      newTok,
+		Fingerprint:   p.Fingerprint,
+		Attempt:       1,
+		LeaseDuration: s.cfg.LeaseDuration,
+		Retention:     s.cfg.Retention,
+		Condition:     TakeoverRetentionExpired,
+		WaitTimeout:   s.cfg.WaitTimeout,
+		Now:           s.now(),
+	})
+	if errors.Is(err, ErrFenced) {
+		return nil, true, nil // another claimer took it over, or the holder completed, first
+	}
+	kd := digest.Key(p.Scope, p.Key)
+	if inProgress, ok := inProgressWithDigest(err, kd); ok {
+		return nil, false, inProgress
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("idem: claim expired key %s: %w", kd, err)
+	}
+	s.logOutcome(ctx, kd, "acquired_expired")
+	return &Claim{Scope: p.Scope, Key: p.Key, Token: newTok, Attempt: 1, LeaseExpiresAt: now.Add(s.cfg.LeaseDuration)}, false, nil
+}
+
+// inProgressWithDigest returns a copy of the *InProgressError in err's
+// chain with KeyDigest set to kd: Executors leave the digest empty, and the
+// copy keeps the Executor's error itself unchanged.
+func inProgressWithDigest(err error, kd string) (*InProgressError, bool) {
+	inProgress, ok := errors.AsType[*InProgressError](err)
+	if !ok {
+		return nil, false
+	}
+	out := *inProgress
+	out.KeyDigest = kd
+	return &out, true
 }

@@ -111,11 +111,6 @@ const (
 	defaultWaitTimeout   = 5 * time.Second
 	defaultMaxTxRetries  = 3
 	defaultCheckTimeout  = 10 * time.Second
-
-	// maxClaimRounds bounds how often a claim starts over when the record
-	// it found changed under it (deleted by the reaper, taken over by a
-	// concurrent claimer). Each round is caused by another writer's progress.
-	maxClaimRounds = 5
 )
 
 func (c *Config) withDefaults() Config {

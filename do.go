@@ -93,49 +93,91 @@ func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, 
 	}
 }
 
-func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerprint, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
-	pipe, piped := s.dialect.(TxPipeliner[TTx])
-	var (
-		tx    TTx
-		err   error
-		began = !piped // with pipe, once BeginClaim was called
-	)
-	if !piped {
-		tx, err = s.dialect.Begin(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("idem: begin: %w", err)
-		}
+// doFunc is the callback of [Store.Do].
+type doFunc[TTx any] = func(ctx context.Context, tx TTx) (*Response, error)
+
+// doTx is the transaction of one try of Do.
+type doTx[TTx any] struct {
+	tx TTx
+	// open is true from the begin until the commit is sent: until then an
+	// early return, an error or a panic rolls tx back.
+	open bool
+}
+
+// rollbackDo rolls t back if it is open, even when ctx is cancelled. After
+// a failed BeginClaim this is harmless (its contract).
+func (s *Store[TTx]) rollbackDo(ctx context.Context, t *doTx[TTx]) {
+	if t.open {
+		t.open = false
+		_ = s.dialect.Rollback(context.WithoutCancel(ctx), t.tx)
 	}
-	done := false
-	defer func() {
-		if !done && began {
-			// Roll back even when ctx is cancelled; runs during panics too.
-			// After a failed BeginClaim this is harmless (its contract).
-			_ = s.dialect.Rollback(context.WithoutCancel(ctx), tx)
-		}
-	}()
-	var c *Claim
+}
+
+// doOnce is one try of Do: its own transaction, the claim in it, fn, the
+// completion and the commit.
+func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerprint, fn doFunc[TTx]) (*Result, error) {
+	pipe, piped := s.dialect.(TxPipeliner[TTx])
+	var t doTx[TTx]
+	defer s.rollbackDo(ctx, &t) // runs during panics too
+	var (
+		c   *Claim
+		err error
+	)
 	if piped {
-		// BEGIN and the first claim in one round trip; any later claim
-		// statement (a retry, a takeover) runs in the same transaction.
-		c, err = s.claimFrom(ctx, nil, true, scope, key, fp, func(p *ClaimParams) (Executor, *ClaimResult, error) {
-			var res *ClaimResult
-			var berr error
-			tx, res, berr = pipe.BeginClaim(ctx, p)
-			began = true
-			return s.dialect.Tx(tx), res, berr
-		}, true)
+		c, err = s.beginClaimPipelined(ctx, pipe, &t, scope, key, fp)
 	} else {
-		c, err = s.claimFrom(ctx, s.dialect.Tx(tx), true, scope, key, fp, nil, true)
+		c, err = s.beginAndClaim(ctx, &t, scope, key, fp)
 	}
 	if errors.Is(err, errStaleLease) {
 		// A crashed leased holder's record: the status check must not run
 		// inside this transaction (its verdict would roll back with it, and
 		// it would hold locks for the whole check). Resolve on the pool.
-		done = true
-		_ = s.dialect.Rollback(context.WithoutCancel(ctx), tx)
+		s.rollbackDo(ctx, &t)
 		return s.doStale(ctx, scope, key, fp, fn)
 	}
+	if err != nil || !c.Acquired() {
+		return doAnswer(c, err)
+	}
+	status, resp, err := s.runFn(ctx, t.tx, fn)
+	if err != nil {
+		return nil, err
+	}
+	if !piped {
+		return s.completeAndCommit(ctx, &t, c, status, resp)
+	}
+	// The completion and COMMIT in one round trip. On an error nothing was
+	// committed (unless COMMIT's outcome is unknown, as with Commit) and the
+	// deferred Rollback is harmless.
+	if err := s.completeCommit(ctx, pipe, t.tx, c, status, resp); err != nil {
+		return nil, err
+	}
+	t.open = false
+	return &Result{Response: resp, Status: status}, nil
+}
+
+// beginAndClaim begins t and claims the key in it.
+func (s *Store[TTx]) beginAndClaim(ctx context.Context, t *doTx[TTx], scope, key string, fp Fingerprint) (*Claim, error) {
+	tx, err := s.dialect.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idem: begin: %w", err)
+	}
+	t.tx, t.open = tx, true
+	return s.claim(ctx, s.dialect.Tx(tx), inDoTx, scope, key, fp)
+}
+
+// beginClaimPipelined sends BEGIN and the first claim statement in one round
+// trip; any later claim statement (a retry, a takeover) runs in the same
+// transaction, through the same decision table as claim.
+func (s *Store[TTx]) beginClaimPipelined(ctx context.Context, pipe TxPipeliner[TTx], t *doTx[TTx], scope, key string, fp Fingerprint) (*Claim, error) {
+	p := s.claimParams(scope, key, fp, inDoTx)
+	tx, res, err := pipe.BeginClaim(ctx, p)
+	t.tx, t.open = tx, true
+	return s.settleClaim(ctx, s.dialect.Tx(tx), inDoTx, p, res, err)
+}
+
+// doAnswer is Do's answer when fn is not to run: the claim's error, or the
+// replay of the stored record.
+func doAnswer(c *Claim, err error) (*Result, error) {
 	if inProgress, ok := errors.AsType[*InProgressError](err); ok && inProgress.TxAborted {
 		// Do rolls its own transaction back: nothing is left for the caller to do.
 		out := *inProgress
@@ -145,36 +187,12 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 	if err != nil {
 		return nil, err
 	}
-	if !c.Acquired() {
-		return &Result{Response: c.Replay.Response, Replayed: true, Status: c.Replay.Status}, nil
-	}
-	if piped {
-		// The completion and COMMIT in one round trip. On an error nothing
-		// was committed (unless COMMIT's outcome is unknown, as with
-		// Commit) and the deferred Rollback is harmless.
-		res, err := s.runAndComplete(ctx, tx, c, fn, pipe)
-		if err != nil {
-			return nil, err
-		}
-		done = true
-		return res, nil
-	}
-	res, err := s.runAndComplete(ctx, tx, c, fn, nil)
-	if err != nil {
-		return nil, err
-	}
-	done = true
-	if err := s.dialect.Commit(ctx, tx); err != nil {
-		return nil, fmt.Errorf("idem: commit key %s: %w", digest.Key(scope, key), err)
-	}
-	return res, nil
+	return &Result{Response: c.Replay.Response, Replayed: true, Status: c.Replay.Status}, nil
 }
 
-// runAndComplete runs fn in tx and completes c in tx with its response,
-// as a final failure for a [FinalFailure] error. With pipe nil it neither
-// commits nor rolls back; otherwise it completes and commits through
-// pipe.CompleteCommit.
-func (s *Store[TTx]) runAndComplete(ctx context.Context, tx TTx, c *Claim, fn func(ctx context.Context, tx TTx) (*Response, error), pipe TxPipeliner[TTx]) (*Result, error) {
+// runFn runs fn in tx and says what to store: fn's response as a success,
+// or the response of a [FinalFailure] error as a failure.
+func (s *Store[TTx]) runFn(ctx context.Context, tx TTx, fn doFunc[TTx]) (Status, *Response, error) {
 	resp, err := fn(ctx, tx)
 	status := StatusSucceeded
 	if final, ok := errors.AsType[*FinalFailureError](err); ok {
@@ -184,19 +202,25 @@ func (s *Store[TTx]) runAndComplete(ctx context.Context, tx TTx, c *Claim, fn fu
 		// fn's own statements can meet a conflict (on Galera, a
 		// certification failure at any statement): Do retries it only
 		// if it matches ErrRetryable.
-		return nil, s.Classify(err)
+		return status, nil, s.Classify(err)
 	}
 	if resp == nil {
-		return nil, errors.New("idem: Do callback returned a nil response and no error")
+		return status, nil, errors.New("idem: Do callback returned a nil response and no error")
 	}
-	if pipe != nil {
-		if err := s.completeCommit(ctx, pipe, tx, c, status, resp); err != nil {
-			return nil, err
-		}
-		return &Result{Response: resp, Status: status}, nil
-	}
-	if err := s.complete(ctx, s.dialect.Tx(tx), c, status, resp); err != nil {
+	return status, resp, nil
+}
+
+// completeAndCommit completes c in t with resp and commits t. Once the
+// commit is sent t is no longer open: its outcome may be unknown, so it is
+// neither rolled back nor, in doStale, is the claim released; a committed
+// claim left processing is settled after its lease by the status check.
+func (s *Store[TTx]) completeAndCommit(ctx context.Context, t *doTx[TTx], c *Claim, status Status, resp *Response) (*Result, error) {
+	if err := s.complete(ctx, s.dialect.Tx(t.tx), c, status, resp); err != nil {
 		return nil, err
+	}
+	t.open = false
+	if err := s.dialect.Commit(ctx, t.tx); err != nil {
+		return nil, fmt.Errorf("idem: commit key %s: %w", digest.Key(c.Scope, c.Key), err)
 	}
 	return &Result{Response: resp, Status: status}, nil
 }
@@ -206,36 +230,27 @@ func (s *Store[TTx]) runAndComplete(ctx context.Context, tx TTx, c *Claim, fn fu
 // is handed over to this call, fn runs in a transaction of its own and the
 // committed claim is completed there, fenced by its token, or released when
 // fn fails (its writes rolled back, so the key is free again).
-func (s *Store[TTx]) doStale(ctx context.Context, scope, key string, fp Fingerprint, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
+func (s *Store[TTx]) doStale(ctx context.Context, scope, key string, fp Fingerprint, fn doFunc[TTx]) (*Result, error) {
 	c, err := s.Claim(ctx, scope, key, fp)
-	if err != nil {
-		return nil, err
-	}
-	if !c.Acquired() {
-		return &Result{Response: c.Replay.Response, Replayed: true, Status: c.Replay.Status}, nil
+	if err != nil || !c.Acquired() {
+		return doAnswer(c, err)
 	}
 	tx, err := s.dialect.Begin(ctx)
 	if err != nil {
 		_ = s.Release(context.WithoutCancel(ctx), c)
 		return nil, fmt.Errorf("idem: begin: %w", err)
 	}
-	done := false
+	t := &doTx[TTx]{tx: tx, open: true}
 	defer func() {
-		if !done {
+		if t.open {
 			// Runs during panics too: the writes roll back, the key is freed.
-			_ = s.dialect.Rollback(context.WithoutCancel(ctx), tx)
+			s.rollbackDo(ctx, t)
 			_ = s.Release(context.WithoutCancel(ctx), c)
 		}
 	}()
-	res, err := s.runAndComplete(ctx, tx, c, fn, nil)
+	status, resp, err := s.runFn(ctx, tx, fn)
 	if err != nil {
 		return nil, err
 	}
-	done = true
-	if err := s.dialect.Commit(ctx, tx); err != nil {
-		// The claim stays committed and processing: after its lease the
-		// status check settles whether this commit happened.
-		return nil, fmt.Errorf("idem: commit key %s: %w", digest.Key(scope, key), err)
-	}
-	return res, nil
+	return s.completeAndCommit(ctx, t, c, status, resp)
 }
