@@ -77,7 +77,7 @@ modules: ## Check every contrib/ module (gofmt, vet, tidy, tests) and the go.wor
 	bash .ci/modules.sh
 
 .PHONY: pgbouncer
-pgbouncer: ## Run the postgres tests through PgBouncer, transaction pooling (installs and starts it; see docs/scaling.md)
+pgbouncer: ## Run the postgres tests and the PostgreSQL fault scenarios through PgBouncer, transaction pooling (installs and starts it; see docs/scaling.md)
 	bash .ci/pgbouncer.sh
 
 .PHONY: ci

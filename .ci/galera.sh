@@ -229,7 +229,7 @@ fi
 # on node 1, cross-node races, a callback's certification failure, cross-node replay, Migrate on
 # three nodes, a node SIGKILLed under load. Every one must run and pass; a skip is a failure.
 log="$DIR/test.log"
-env IDEM_TEST_REQUIRE_DB=1 go test -tags galera -race -count=1 -timeout 10m -run '^TestGalera' -v ./mysql/ >"$log" 2>&1 &
+env IDEM_TEST_REQUIRE_DB=1 go test -tags galera -race -count=1 -timeout 15m -run '^TestGalera' -v ./mysql/ >"$log" 2>&1 &
 CMD_PID=$!
 if ! wait "$CMD_PID"; then
 	CMD_PID=

@@ -3,7 +3,8 @@
 # dialect's tests through it (docs/scaling.md, "PgBouncer").
 #
 #   bash .ci/pgbouncer.sh            every test of ./postgres/... (the conformance suite and the
-#                                    dialect's own tests) through the pooler: the CI step, ~1 min
+#                                    dialect's own tests), then the bounded fault suite's
+#                                    PostgreSQL scenarios, through the pooler: the CI step, ~3 min
 #   bash .ci/pgbouncer.sh run CMD... CMD with IDEM_TEST_POSTGRES_URL pointing at the pooler
 #
 # It installs Debian's pgbouncer with apt-get when it is missing, starts it on 127.0.0.1:16432
@@ -19,6 +20,18 @@
 # client to another server connection (seen here: "bind message supplies 9 parameters, but
 # prepared statement "" requires 0"); see postgres/doc.go. And with IDEM_TEST_POSTGRES_POOLER=transaction; the three tests that
 # need what the pooler refuses are left out with -skip (NOT_THROUGH_POOLER); any skip fails the run.
+#
+# The fault suite (faults/, build tag faults, bounded scale) then runs its PostgreSQL scenarios
+# through the pooler (IDEM_FAULTS_DIALECTS=postgres, FAULT_SCENARIOS): many instances, kill -9
+# of the orders processes, the soak, and the wire faults. The scenarios open every pool in the
+# first of the modes above (the simple protocol); the wire scenarios in the first other one (exec),
+# because their proxy places faults between protocol messages and the simple protocol sends a
+# whole batch as one. The wire proxy sits between the service and PgBouncer (service -> proxy ->
+# PgBouncer -> PostgreSQL): the faults are those of the application's network, the side of a
+# pooler that crosses one; PgBouncer must then clean up after a client that vanished in the
+# middle of a transaction. Left to the direct run: TestOutage (it stops a private PostgreSQL of
+# its own, not the shared one behind the pooler) and TestWireProxy (the proxy's own check, which
+# asserts pgx's statement-cache messages).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -31,6 +44,8 @@ MODES=simple_protocol,exec
 # go test -skip, so that they are not run here rather than counted as skipped; the direct run of
 # .ci/run covers them. Any skip in this run fails it.
 NOT_THROUGH_POOLER='TestCancelRequestWatcher|TestDoUnderStricterDefaultIsolation|TestReadOnlyServer'
+# The fault suite's scenarios run through the pooler (see above).
+FAULT_SCENARIOS='TestInstances|TestKill|TestSoak|TestWire'
 
 start=$SECONDS
 fail() {
@@ -164,4 +179,26 @@ passes=$(grep -cE -- '--- PASS' "$log" || true)
 for m in SimpleProtocol Exec; do
 	echo "conformance cases passed under $m: $(grep -cE -- "^\s+--- PASS: TestConformance/$m/" "$log" || true)"
 done
-echo "pgbouncer run ($mode): $passes passed, 0 failed, in $((SECONDS - start))s"
+echo "pgbouncer run ($mode), ./postgres/...: $passes passed, 0 failed, in $((SECONDS - start))s"
+
+faults_start=$SECONDS
+cmd=(go test -tags faults -race -count=1 -timeout 20m -run "^($FAULT_SCENARIOS)\$" ./faults/ -v)
+echo "IDEM_FAULTS_DIALECTS=postgres ${cmd[*]}"
+flog="$dir/faults.log"
+if ! IDEM_FAULTS_DIALECTS=postgres "${cmd[@]}" >"$flog" 2>&1; then
+	grep -E -- '^(--- FAIL|FAIL|ok|panic:|\s+--- FAIL)' "$flog" || true
+	echo "---- last 150 lines of the fault suite's log ----"
+	tail -n 150 "$flog"
+	fail "fault scenarios failed through pgbouncer"
+fi
+grep -o 'FAULTS|.*' "$flog" | sed 's/^FAULTS//' || true
+kill -0 "$pid" 2>/dev/null || fail "pgbouncer (pid $pid) died during the fault scenarios"
+skips=$(grep -E -- '--- SKIP' "$flog" || true)
+[ -z "$skips" ] || fail "fault scenarios were skipped through pgbouncer:
+$skips"
+# Each scenario must have run on postgres: a selection that matched nothing would pass silently.
+for s in ${FAULT_SCENARIOS//|/ }; do
+	grep -qE -- "^\s*--- PASS: $s/postgres( |\$)" "$flog" || fail "$s/postgres did not run (or did not pass) through pgbouncer"
+done
+fpasses=$(grep -cE -- '^\s*--- PASS' "$flog" || true)
+echo "pgbouncer run ($mode), fault scenarios: $fpasses passed, 0 failed, in $((SECONDS - faults_start))s; total $((SECONDS - start))s"

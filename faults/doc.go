@@ -19,5 +19,12 @@
 // IDEM_FAULTS_SCALE=full selects the full scale (the default is the bounded CI
 // scale) and IDEM_FAULTS_DIALECTS (a comma-separated subset of sqlite,
 // postgres, mysql) the dialects. The server addresses come from
-// IDEM_TEST_POSTGRES_URL and IDEM_TEST_MYSQL_DSN, as for the other tests.
+// IDEM_TEST_POSTGRES_URL and IDEM_TEST_MYSQL_DSN, as for the other tests, and
+// pgx's exec mode from IDEM_TEST_POSTGRES_EXEC_MODES (testdb.PostgresExecModes).
+//
+// On PostgreSQL every namespace is a schema named in each statement
+// (postgres.WithSchema, qualified business tables, the service's -schema
+// flag), never a search_path, so the PostgreSQL scenarios also run through
+// PgBouncer in transaction pooling mode: .ci/pgbouncer.sh runs them after the
+// postgres tests (docs/reliability.md, "Through PgBouncer").
 package faults

@@ -145,8 +145,16 @@ func inprocStart[TTx any](t *testing.T, dialect string, d idem.Dialect[TTx], rep
 	leased.Mode = idemhttp.Leased
 	a := &inprocAPI[TTx]{repo: repo, prov: prov}
 	mux := http.NewServeMux()
-	mux.Handle("POST "+inprocOrders, idemhttp.New(store, &mw)(http.HandlerFunc(a.createOrder)))
-	mux.Handle("POST "+inprocPayments, idemhttp.New(store, &leased)(http.HandlerFunc(a.pay)))
+	orders, err := idemhttp.New(store, &mw)
+	if err != nil {
+		t.Fatalf("idemhttp.New: %v", err)
+	}
+	payments, err := idemhttp.New(store, &leased)
+	if err != nil {
+		t.Fatalf("idemhttp.New: %v", err)
+	}
+	mux.Handle("POST "+inprocOrders, orders.Wrap(http.HandlerFunc(a.createOrder)))
+	mux.Handle("POST "+inprocPayments, payments.Wrap(http.HandlerFunc(a.pay)))
 	srv := httptest.NewServer(mux)
 	svc.URL = srv.URL
 	tr := &http.Transport{MaxIdleConns: 64, MaxIdleConnsPerHost: 64}
@@ -407,14 +415,15 @@ func inprocNewKey(prefix string) string {
 
 // The business tables, one set per dialect.
 const (
+	// inprocPGSchema takes the orders and payments tables' names (pgTable).
 	inprocPGSchema = `
-		CREATE TABLE orders (
+		CREATE TABLE %s (
 			id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 			tenant   text NOT NULL,
 			idem_key text NOT NULL,
 			amount   bigint NOT NULL
 		);
-		CREATE TABLE payments (
+		CREATE TABLE %s (
 			id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 			tenant    text NOT NULL,
 			idem_key  text NOT NULL,
@@ -448,12 +457,27 @@ const (
 			amount    INTEGER NOT NULL
 		)`
 	// inprocEffects counts the rows per route, tenant and key; the same
-	// text runs on every dialect.
+	// text runs on every dialect (PostgreSQL's with qualified names).
 	inprocEffects = `SELECT '` + inprocOrders + `', tenant, idem_key, count(*) FROM orders GROUP BY tenant, idem_key
 		UNION ALL
 		SELECT '` + inprocPayments + `', tenant, idem_key, count(*) FROM payments GROUP BY tenant, idem_key`
 	inprocKeyRows = `SELECT count(*) FROM idempotency_keys`
 )
+
+// inprocPGNames are the tables of the in-process service on PostgreSQL,
+// qualified with its schema (pgTable): no statement depends on a
+// search_path, which a transaction pooler does not keep.
+type inprocPGNames struct{ orders, payments, keys string }
+
+func newInprocPGNames(schema string) inprocPGNames {
+	return inprocPGNames{orders: pgTable(schema, "orders"), payments: pgTable(schema, "payments"), keys: pgTable(schema, "idempotency_keys")}
+}
+
+func (n inprocPGNames) effects() string {
+	return `SELECT '` + inprocOrders + `', tenant, idem_key, count(*) FROM ` + n.orders + ` GROUP BY tenant, idem_key
+		UNION ALL
+		SELECT '` + inprocPayments + `', tenant, idem_key, count(*) FROM ` + n.payments + ` GROUP BY tenant, idem_key`
+}
 
 // inprocSQLRepo is inprocRepo on database/sql (MariaDB, SQLite).
 type inprocSQLRepo struct{ db *sql.DB }
@@ -499,23 +523,26 @@ func (r inprocSQLRepo) keyRows(ctx context.Context) (int, error) {
 }
 
 // inprocPGRepo is inprocRepo on pgx.
-type inprocPGRepo struct{ pool *pgxpool.Pool }
+type inprocPGRepo struct {
+	pool  *pgxpool.Pool
+	names inprocPGNames
+}
 
 func (r inprocPGRepo) insertOrder(ctx context.Context, tx pgx.Tx, tenant, key string, amount int64) (int64, error) {
 	var id int64
-	err := tx.QueryRow(ctx, `INSERT INTO orders (tenant, idem_key, amount) VALUES ($1, $2, $3) RETURNING id`, tenant, key, amount).Scan(&id)
+	err := tx.QueryRow(ctx, `INSERT INTO `+r.names.orders+` (tenant, idem_key, amount) VALUES ($1, $2, $3) RETURNING id`, tenant, key, amount).Scan(&id)
 	return id, err
 }
 
 func (r inprocPGRepo) insertPayment(ctx context.Context, tx pgx.Tx, tenant, key, chargeID string, amount int64) (int64, error) {
 	var id int64
-	err := tx.QueryRow(ctx, `INSERT INTO payments (tenant, idem_key, charge_id, amount) VALUES ($1, $2, $3, $4) RETURNING id`,
+	err := tx.QueryRow(ctx, `INSERT INTO `+r.names.payments+` (tenant, idem_key, charge_id, amount) VALUES ($1, $2, $3, $4) RETURNING id`,
 		tenant, key, chargeID, amount).Scan(&id)
 	return id, err
 }
 
 func (r inprocPGRepo) effects(ctx context.Context) (map[inprocKey]int, error) {
-	rows, err := r.pool.Query(ctx, inprocEffects)
+	rows, err := r.pool.Query(ctx, r.names.effects())
 	if err != nil {
 		return nil, err
 	}
@@ -531,7 +558,7 @@ func (r inprocPGRepo) effects(ctx context.Context) (map[inprocKey]int, error) {
 
 func (r inprocPGRepo) keyRows(ctx context.Context) (int, error) {
 	var n int
-	err := r.pool.QueryRow(ctx, inprocKeyRows).Scan(&n)
+	err := r.pool.QueryRow(ctx, `SELECT count(*) FROM `+r.names.keys).Scan(&n)
 	return n, err
 }
 
@@ -562,10 +589,14 @@ const inprocPGAppName = "idem-faults-inproc"
 
 // inprocOpenPostgres starts the service on the PostgreSQL at url, in a fresh
 // schema when fresh is set (a shared server) or in the database's default
-// schema (a private server owned by the test).
+// schema (a private server owned by the test). The fresh schema is named in
+// every statement (postgres.WithSchema, qualified business tables), never
+// chosen with search_path, and the pool uses pgExecURL's exec mode: both
+// work through a transaction pooler.
 func inprocOpenPostgres(t *testing.T, url string, fresh bool, cfg inprocConfig) *inprocService {
 	t.Helper()
 	ctx := t.Context()
+	url = pgExecURL(t, url)
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatalf("parse the PostgreSQL URL: %v", err)
@@ -573,6 +604,8 @@ func inprocOpenPostgres(t *testing.T, url string, fresh bool, cfg inprocConfig) 
 	pcfg.MaxConns = 8
 	pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
 	pcfg.ConnConfig.RuntimeParams["application_name"] = inprocPGAppName
+	var opts []idempg.Option
+	names := newInprocPGNames("")
 	if fresh {
 		schema := testdb.Name()
 		admin, err := pgx.Connect(ctx, url)
@@ -597,20 +630,21 @@ func inprocOpenPostgres(t *testing.T, url string, fresh bool, cfg inprocConfig) 
 				t.Errorf("drop schema: %v", err)
 			}
 		})
-		pcfg.ConnConfig.RuntimeParams["search_path"] = schema
+		opts = append(opts, idempg.WithSchema(schema))
+		names = newInprocPGNames(schema)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		t.Fatalf("open the pool: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	if err := idempg.Migrate(ctx, pool); err != nil {
+	if err := idempg.Migrate(ctx, pool, opts...); err != nil {
 		t.Fatalf("migrate PostgreSQL: %v", err)
 	}
-	if _, err := pool.Exec(ctx, inprocPGSchema); err != nil {
+	if _, err := pool.Exec(ctx, fmt.Sprintf(inprocPGSchema, names.orders, names.payments)); err != nil {
 		t.Fatalf("create the business tables: %v", err)
 	}
-	return inprocStart(t, dialectPostgres, idempg.New(pool), inprocPGRepo{pool: pool}, cfg)
+	return inprocStart(t, dialectPostgres, idempg.New(pool, opts...), inprocPGRepo{pool: pool, names: names}, cfg)
 }
 
 // inprocMySQLConfig parses dsn with the parameters idem needs.

@@ -33,15 +33,14 @@ func instRun(t *testing.T, bin, dialect string) {
 	start := time.Now()
 	db := procOpenDB(t, dialect)
 	prov := procNewProvider(t, 40*time.Millisecond)
-	args := []string{
-		"-db", db.spec,
+	args := append(db.args(),
 		"-provider-url", prov.srv.URL,
 		// The transaction stays open this long, so that retries and
 		// duplicates meet an original in flight.
 		"-handler-delay", "30ms",
 		"-wait-timeout", "2s",
 		"-lease", "10s",
-	}
+	)
 	n := scaled(3, 5)
 	procs := make([]*procInstance, n)
 	instances := make([]string, n)

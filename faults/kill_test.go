@@ -64,15 +64,14 @@ func killStages(t *testing.T, bin, dialect string) {
 	start := time.Now()
 	db := procOpenDB(t, dialect)
 	prov := procNewProvider(t, 20*time.Millisecond)
-	args := []string{
-		"-db", db.spec,
+	args := append(db.args(),
 		"-provider-url", prov.srv.URL,
 		"-fault-injection",
 		"-lease", killLease.String(),
 		// The reaper's first pass runs at start-up; its later passes
 		// would race with the retries this test makes on purpose.
 		"-reap-interval", "1h",
-	}
+	)
 	inst := procStart(t, bin, args...)
 	started := []*procInstance{inst}
 	defer func() { procLogFailures(t, started) }()
@@ -147,8 +146,7 @@ func killRandom(t *testing.T, bin, dialect string) {
 	start := time.Now()
 	db := procOpenDB(t, dialect)
 	prov := procNewProvider(t, 40*time.Millisecond)
-	args := []string{
-		"-db", db.spec,
+	args := append(db.args(),
 		"-provider-url", prov.srv.URL,
 		"-handler-delay", "20ms",
 		"-wait-timeout", "2s",
@@ -157,7 +155,7 @@ func killRandom(t *testing.T, bin, dialect string) {
 		// payment is resolved within the test.
 		"-lease", "2s",
 		"-reap-interval", "500ms",
-	}
+	)
 	var mu sync.Mutex
 	instances := []*procInstance{procStart(t, bin, args...), procStart(t, bin, args...)}
 	started := append([]*procInstance(nil), instances...) // every process, killed or not, for procLogFailures

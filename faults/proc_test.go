@@ -34,6 +34,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemstore/idem/internal/ordersproc"
 	"github.com/idemstore/idem/internal/testdb"
 	idemsqlite "github.com/idemstore/idem/sqlite"
 )
@@ -61,17 +62,37 @@ func procBuild(t *testing.T) string {
 	return bin
 }
 
-// procDB is a fresh namespace on one dialect's database: the -db argument
-// the service gets, and a connection of the test's own to count rows.
+// procDB is a fresh namespace on one dialect's database: the -db (and,
+// on PostgreSQL, -schema) arguments the service gets, and a connection of
+// the test's own to count rows.
 type procDB struct {
 	dialect string
 	spec    string // the service's -db flag
+	schema  string // PostgreSQL: the service's -schema flag
 	sql     *sql.DB
 }
 
+// args returns the service's flags that name the database.
+func (d *procDB) args() []string {
+	if d.schema != "" {
+		return []string{"-db", d.spec, "-schema", d.schema}
+	}
+	return []string{"-db", d.spec}
+}
+
+// table returns the service's table as SQL text: schema-qualified on
+// PostgreSQL. table is one of the service's tables, never input.
+func (d *procDB) table(table string) string {
+	if d.dialect == dialectPostgres {
+		return pgTable(d.schema, table)
+	}
+	return table
+}
+
 // procOpenDB creates a namespace for one scenario on dialect and drops it
-// when t ends: an SQLite file in t.TempDir(), a PostgreSQL schema (reached
-// through search_path) or a MariaDB database.
+// when t ends: an SQLite file in t.TempDir(), a PostgreSQL schema (named in
+// every statement with -schema, as a transaction pooler keeps no
+// search_path) or a MariaDB database.
 func procOpenDB(t *testing.T, dialect string) *procDB {
 	t.Helper()
 	ctx := t.Context()
@@ -83,7 +104,7 @@ func procOpenDB(t *testing.T, dialect string) *procDB {
 		t.Cleanup(func() { _ = db.Close() })
 		return &procDB{dialect: dialect, spec: path, sql: db}
 	case dialectPostgres:
-		url := testdb.PostgresURL(t)
+		url := pgExecURL(t, testdb.PostgresURL(t))
 		conn, err := pgx.Connect(ctx, url)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
@@ -94,15 +115,10 @@ func procOpenDB(t *testing.T, dialect string) *procDB {
 			_, err := conn.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE")
 			assert.NoError(t, err)
 		})
-		sep := "?"
-		if strings.Contains(url, "?") {
-			sep = "&"
-		}
-		spec := url + sep + "search_path=" + schema
-		db, err := sql.Open("pgx", spec)
+		db, err := sql.Open("pgx", url)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
-		return &procDB{dialect: dialect, spec: spec, sql: db}
+		return &procDB{dialect: dialect, spec: url, schema: schema, sql: db}
 	case dialectMySQL:
 		dsn := testdb.MySQLDSN(t, func(dsn string) (string, error) {
 			cfg, err := gomysql.ParseDSN(dsn)
@@ -148,7 +164,7 @@ type procRow struct {
 // the service's two tables, never input.
 func (d *procDB) rows(t *testing.T, table string) map[procTK]procRow {
 	t.Helper()
-	q := "SELECT tenant, idempotency_key, COUNT(*), MIN(id) FROM " + table + " GROUP BY tenant, idempotency_key"
+	q := "SELECT tenant, idempotency_key, COUNT(*), MIN(id) FROM " + d.table(table) + " GROUP BY tenant, idempotency_key"
 	rs, err := d.sql.QueryContext(t.Context(), q)
 	require.NoError(t, err)
 	defer rs.Close()
@@ -312,7 +328,7 @@ func procStart(t *testing.T, bin string, args ...string) *procInstance {
 // must not call t.FailNow.
 func procTryStart(t *testing.T, bin string, args ...string) (*procInstance, error) {
 	//nolint:noctx // the service outlives any one context: the test kills it (SIGKILL is the point) or stops it in t.Cleanup
-	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
+	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-token-secret", ordersproc.TokenSecret}, args...)...)
 	procOrphanGuard(cmd)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -405,7 +421,11 @@ func procSend(ctx context.Context, base, path, tenant, key, body, crash string, 
 		return procAnswer{label: "request error: " + err.Error()}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Tenant-ID", tenant)
+	// The service takes the tenant from the bearer token only
+	// (examples/orders/auth.go); the suite signs one per tenant.
+	token := ordersproc.Token(tenant)
+	logSecrets.add("token", token) // a credential: never in a log line
+	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Idempotency-Key", key)
 	if crash != "" {
 		req.Header.Set("X-Fault-Crash", crash)

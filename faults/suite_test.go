@@ -5,10 +5,15 @@ package faults
 import (
 	"fmt"
 	"maps"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemstore/idem/internal/testdb"
 )
 
 // fullScale reports whether the suite runs at the scale docs/reliability.md
@@ -90,4 +95,41 @@ func report(t *testing.T, o outcome) {
 	if o.Duplicates != 0 || o.Lost != 0 {
 		t.Errorf("%s on %s: %d duplicate(s) and %d lost acknowledged order(s); both must be zero", o.Scenario, o.Dialect, o.Duplicates, o.Lost)
 	}
+}
+
+// pgExecURL returns the PostgreSQL URL raw with pgx's
+// default_query_exec_mode set, unless raw already sets it, to the first of
+// testdb.PostgresExecModes: the statement cache by default, and through a
+// transaction pooler (.ci/pgbouncer.sh) a mode that keeps no prepared
+// statement across transactions, which the pooler would hand to another
+// client's server connection. Every pgx connection and pool of the suite,
+// and the orders processes' -db, are opened with it.
+func pgExecURL(t testing.TB, raw string) string {
+	t.Helper()
+	return pgWithExecMode(t, raw, testdb.PostgresExecModes()[0], false)
+}
+
+// pgWithExecMode sets raw's default_query_exec_mode to mode; an exec mode
+// raw already names is kept unless replace is set.
+func pgWithExecMode(t testing.TB, raw, mode string, replace bool) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatalf("parse the PostgreSQL URL: %v", err)
+	}
+	q := u.Query()
+	if replace || !q.Has("default_query_exec_mode") {
+		q.Set("default_query_exec_mode", mode)
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// pgTable returns table's name in schema as SQL text (quoted), or
+// unqualified when schema is empty.
+func pgTable(schema, table string) string {
+	if schema == "" {
+		return pgx.Identifier{table}.Sanitize()
+	}
+	return pgx.Identifier{schema, table}.Sanitize()
 }

@@ -174,3 +174,20 @@ func wireProxyMySQL(t *testing.T, interpolate bool) {
 	assert.True(t, ev.AtCommit && !ev.Committed, "%+v", ev)
 	assert.Equal(t, 0, count("my-reset"))
 }
+
+// TestWireBusinessInsert: the proxy tells a transaction that wrote an order
+// or a payment from one that only claimed, whether the tables are named bare
+// or schema-qualified (a regression: the qualified names of the pooler-safe
+// namespaces went unrecognised, and every lost acknowledgement was counted
+// as a claim's).
+func TestWireBusinessInsert(t *testing.T) {
+	for sql, want := range map[string]bool{
+		`INSERT INTO orders (tenant, idem_key, amount) VALUES ($1, $2, $3)`:                     true,
+		`INSERT INTO "idem_t_0a1b"."payments" (tenant, idem_key, charge_id, amount) VALUES (1)`: true,
+		`insert into "orders" (tenant) values ('x')`:                                            true,
+		`INSERT INTO "idem_t_0a1b"."idempotency_keys" (scope) VALUES ($1)`:                      false,
+		`INSERT INTO orders_archive (id) VALUES (1)`:                                            false,
+	} {
+		assert.Equal(t, want, wireBusinessInsert.MatchString(sql), sql)
+	}
+}

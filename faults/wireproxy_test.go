@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -567,9 +568,13 @@ func (c *wireConn) decide(msg []byte) (int, wireEvent) {
 }
 
 func (c *wireConn) business() bool {
-	s := strings.ToLower(c.txLog.String())
-	return strings.Contains(s, "insert into orders") || strings.Contains(s, "insert into payments")
+	return wireBusinessInsert.MatchString(c.txLog.String())
 }
+
+// wireBusinessInsert finds an insert into the business tables, named bare
+// (MariaDB, a private PostgreSQL) or quoted and schema-qualified
+// (PostgreSQL's fresh schemas, pgTable).
+var wireBusinessInsert = regexp.MustCompile(`(?i)insert into ("[a-z0-9_]+"\.)?"?(orders|payments)"?[\s(]`)
 
 func (c *wireConn) fire(r *wireRule, ev wireEvent) {
 	select {

@@ -39,6 +39,9 @@ type capture struct {
 	// out receives the rest of the body once streamed is set.
 	out      http.ResponseWriter
 	streamed bool
+	// unwritten is set by finish when the handler wrote neither a status
+	// nor a body.
+	unwritten bool
 }
 
 func newCapture(limit int) *capture {
@@ -99,6 +102,7 @@ func (c *capture) Write(p []byte) (int, error) {
 // the server would have, so that the original and its replays agree).
 func (c *capture) finish() {
 	if c.status == 0 {
+		c.unwritten = true
 		c.WriteHeader(http.StatusOK)
 	}
 	c.sniff()

@@ -29,6 +29,11 @@ type Config struct {
 	// "Idempotency-Key".
 	Header string
 
+	// ReplayedHeader is the response header, set to "true", that marks a
+	// replayed answer. Defaults to "Idempotency-Replayed"; Stripe's clients
+	// read "Idempotent-Replayed". It is never stored with a response.
+	ReplayedHeader string
+
 	// KeyFormat is what a key must match, after the structured-field
 	// quotes are removed ("abc" and abc are the same key). Anchor it. Keys
 	// are also refused when longer than idem.MaxKeyLength, with control
@@ -52,6 +57,18 @@ type Config struct {
 	// it is, any other error with 400 and CodeTenantInvalid. Defaults to
 	// nil: one tenant, "".
 	Tenant func(r *http.Request) (string, error)
+
+	// Operation, if set, names the operation a request belongs to: with
+	// the tenant it forms the scope the key is claimed in (the same key on
+	// two operations names two records), and it replaces the method and
+	// route in the fingerprint. An error refuses the request without
+	// running the handler: an *Error is answered as it is, any other error,
+	// and an empty name, with 500 and CodeOperationFailed (a server bug,
+	// not the client's). Defaults to nil: the method and the route, see
+	// [RouteOperation], which adapters for routers that keep their route
+	// pattern elsewhere (chi's RouteContext, gin's FullPath) call
+	// themselves.
+	Operation func(r *http.Request) (string, error)
 
 	// Fingerprint, if set, chooses what of the request the fingerprint
 	// covers besides the method, the route, the request target and the
@@ -122,6 +139,16 @@ type Config struct {
 	// attempt, which answers at once. Defaults to 1s.
 	InProgressRetryAfter time.Duration
 
+	// RequestID returns the request's ID, sent back in the X-Request-Id
+	// response header, in error bodies and in the log record, and given to
+	// the handler through [RequestID]; for example the ID a request-ID
+	// middleware put in the context. An empty result, or one that is not 1
+	// to 128 characters of letters, digits and ._:/+=-, is replaced by a
+	// generated ID ("req_" and 26 random characters), so that neither logs
+	// nor headers carry whatever a client sent. Defaults to the
+	// X-Request-Id request header.
+	RequestID func(r *http.Request) string
+
 	// Logger receives one record per protected request: its outcome, the
 	// status, the request ID, short digests of the key and the scope, a
 	// fingerprint prefix and the latency. It never receives a raw key,
@@ -168,6 +195,7 @@ func (m Mode) String() string {
 
 const (
 	defaultHeader                = "Idempotency-Key"
+	defaultReplayedHeader        = "Idempotency-Replayed"
 	defaultMaxBodyBytes          = 1 << 20
 	defaultMaxJSONDepth          = 64
 	defaultMaxResponseBytes      = 1 << 20
@@ -199,7 +227,7 @@ var neverReplayed = map[string]bool{
 	"Content-Length":      true,
 	"Date":                true,
 	requestIDHeader:       true,
-	replayedHeader:        true,
+	defaultReplayedHeader: true,
 }
 
 // settings is a Config with the defaults applied, plus lookup tables.
@@ -219,6 +247,9 @@ func (c *Config) settings() (*settings, error) {
 	}
 	if s.Header == "" {
 		s.Header = defaultHeader
+	}
+	if s.ReplayedHeader == "" {
+		s.ReplayedHeader = defaultReplayedHeader
 	}
 	if s.KeyFormat == nil {
 		s.KeyFormat = defaultKeyFormat
@@ -251,6 +282,10 @@ func (c *Config) settings() (*settings, error) {
 		s.RenderError = func(w http.ResponseWriter, _ *http.Request, e *Error) { WriteError(w, e) }
 	}
 	switch {
+	case !isToken(s.Header):
+		return nil, fmt.Errorf("Header %q is not a valid header name", s.Header)
+	case !isToken(s.ReplayedHeader):
+		return nil, fmt.Errorf("ReplayedHeader %q is not a valid header name", s.ReplayedHeader)
 	case s.Mode != Transactional && s.Mode != Leased:
 		return nil, fmt.Errorf("Mode %d is unknown", s.Mode)
 	case s.MaxBodyBytes < 0:
@@ -274,9 +309,24 @@ func (c *Config) settings() (*settings, error) {
 	}
 	s.replay = map[string]bool{}
 	for _, h := range append(append([]string(nil), defaultReplayHeaders...), s.ReplayHeaders...) {
-		if h = http.CanonicalHeaderKey(h); !neverReplayed[h] {
+		if h = http.CanonicalHeaderKey(h); !neverReplayed[h] && h != http.CanonicalHeaderKey(s.ReplayedHeader) {
 			s.replay[h] = true
 		}
 	}
 	return &s, nil
+}
+
+// isToken reports whether s is a valid header name (an RFC 9110 token).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
 }

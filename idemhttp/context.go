@@ -63,6 +63,9 @@ func attemptFrom(ctx context.Context) *attempt {
 // and keep that part short. A handler that never calls Tx has its response
 // stored in a statement of its own.
 //
+// Prefer [Middleware.Tx], whose type comes from the store: a TTx here that
+// is not the store's type compiles and reports false at run time.
+//
 // ok is false outside a handler called by the middleware, after the handler
 // returned (the transaction is finished then), when TTx is not the store's
 // transaction type, and, in the leased mode, when the transaction could not
@@ -97,7 +100,8 @@ func Tx[TTx any](ctx context.Context) (tx TTx, ok bool) {
 // Fail or Release methods.
 //
 // ok is false outside a handler called by a leased middleware, after the
-// handler returned, and when TTx is not the store's transaction type.
+// handler returned, and when TTx is not the store's transaction type
+// ([Middleware.Lease] cannot get that wrong).
 func Lease[TTx any](ctx context.Context) (lease *idem.Lease[TTx], ok bool) {
 	a := attemptFrom(ctx)
 	if a == nil || a.ended.Load() {

@@ -6,15 +6,19 @@
 // docs/http.md describes the protocol for API clients.
 //
 //	store, err := idem.New(idempg.New(pool), nil) // *idem.Store[pgx.Tx]
-//	mw := idemhttp.New(store, &idemhttp.Config{
+//	mw, err := idemhttp.New(store, &idemhttp.Config{ // *idemhttp.Middleware[pgx.Tx]
 //		Tenant: func(r *http.Request) (string, error) { return principal(r).OrgID, nil },
 //	})
-//	mux.Handle("POST /orders", mw(http.HandlerFunc(createOrder)))
+//	mux.Handle("POST /orders", mw.Wrap(http.HandlerFunc(s.createOrder)))
 //
-//	func createOrder(w http.ResponseWriter, r *http.Request) {
-//		tx, _ := idemhttp.Tx[pgx.Tx](r.Context()) // the key is claimed in tx
+//	func (s *server) createOrder(w http.ResponseWriter, r *http.Request) {
+//		tx, _ := s.mw.Tx(r.Context()) // a pgx.Tx, in which the key is claimed
 //		// ... INSERT the order on tx, then write 201 ...
 //	}
+//
+// [Middleware.Tx] is typed by the store, so a wrong transaction type does
+// not compile; the package-level [Tx] and [Lease] are the same accessors
+// for code that has only the context, checked at run time.
 //
 // It depends on the standard library and idem only.
 //
@@ -27,8 +31,11 @@
 // it gets 400 with CodeKeyMissing or CodeKeyInvalid and nothing is stored.
 //
 // The key is claimed in a scope: the tenant (Config.Tenant) and the operation
-// (the method and r.Pattern, or the path when no ServeMux pattern matched).
-// The same key in another tenant or operation is another record.
+// (Config.Operation; by default the method and r.Pattern, or the path when
+// no pattern matched or the pattern matches more than one route: see
+// [RouteOperation]). The same key in another tenant or operation is another
+// record. contrib/idemchi, contrib/idemgin and contrib/idemecho name
+// operations after those routers' routes.
 //
 // The request's fingerprint is a SHA-256 over the method, the route, the
 // escaped path, the query (parameters sorted by name), the tenant, the
@@ -71,6 +78,11 @@
 //   - a retryable transaction failure (deadlock, serialization failure, or
 //     [RetryTransaction]): the whole transaction runs again, the handler with
 //     a fresh body and a fresh response, up to the store's MaxTxRetries.
+//   - a handler that returned without writing a status or a body: nothing
+//     says it ran (a router adapter that did not call it, as gin's chain
+//     cannot run twice), so nothing is stored: the transaction rolls back
+//     and the client gets 500 with CodeNoResponse. Write the status, even
+//     an empty 200, explicitly.
 //
 // The handler's ResponseWriter buffers the response until the transaction
 // ends, so it supports neither Flush nor Hijack: nothing reaches the client
@@ -86,7 +98,7 @@
 //     allowlisted headers (Content-Type, Content-Encoding, Location, ETag,
 //     Cache-Control and Config.ReplayHeaders; never Set-Cookie,
 //     Authorization or hop-by-hop headers) and the body byte for byte, with
-//     Idempotency-Replayed: true;
+//     Idempotency-Replayed: true (the name is Config.ReplayedHeader);
 //   - same key, another fingerprint: Config.MismatchStatus (409) with
 //     CodeKeyReused; the stored record is unchanged;
 //   - same key, still in progress: 409 with CodeInProgress and Retry-After;
@@ -121,8 +133,8 @@
 // # Errors and logs
 //
 // The middleware's own errors are JSON, {"code", "message", "request_id"},
-// with Content-Type application/json; the request ID comes from X-Request-Id
-// or is generated, and is sent back in that header on every protected
+// with Content-Type application/json; the request ID comes from
+// Config.RequestID (by default X-Request-Id) or is generated, and is sent back in that header on every protected
 // request. Config.RenderError can render them otherwise. Each protected
 // request logs one record to Config.Logger with its outcome, status, request
 // ID, key digest, scope digest, fingerprint prefix and latency (and, in the

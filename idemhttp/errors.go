@@ -46,6 +46,18 @@ const (
 	// CodeFingerprintFailed (400): Config.Fingerprint returned an error that
 	// is not an *Error.
 	CodeFingerprintFailed = "idempotency_fingerprint_failed"
+	// CodeOperationFailed (500): Config.Operation returned an error that
+	// is not an *Error, or an empty name. The handler did not run.
+	CodeOperationFailed = "idempotency_operation_failed"
+	// CodeNoResponse (500): the handler returned without writing a status
+	// or a body, so the attempt is taken as one whose handler never ran
+	// (a router adapter that did not call it, as when a transaction retry
+	// re-enters a chain that cannot run twice) and nothing is stored. In
+	// the transactional mode its transaction was rolled back and the key is
+	// free; in the leased mode the record stays processing until its lease
+	// runs out and the store's StatusCheck decides, because the handler may
+	// have had an outside effect.
+	CodeNoResponse = "idempotency_handler_no_response"
 	// CodeResponseTooLarge (500): the handler's successful response (or a
 	// failure it marked final) is larger than Config.MaxResponseBytes and
 	// cannot be stored. Its transaction was rolled back; nothing happened.

@@ -2,7 +2,6 @@ package idemhttp_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"io"
 	"log"
@@ -59,15 +58,18 @@ func Example() {
 			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
 		})
 	}
-	mw := idemhttp.New(store, &idemhttp.Config{
+	mw, err := idemhttp.New(store, &idemhttp.Config{
 		Tenant: func(r *http.Request) (string, error) {
 			tenant, _ := r.Context().Value(tenantKey{}).(string)
 			return tenant, nil // authenticate let no request through without one
 		},
 	})
+	if err != nil {
+		log.Fatal(err)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, _ := idemhttp.Tx[*sql.Tx](r.Context())
+	mux.Handle("POST /orders", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, _ := mw.Tx(r.Context()) // a *sql.Tx: the store's type, checked by the compiler
 		res, err := tx.ExecContext(r.Context(), `INSERT INTO orders (amount) VALUES (4200)`)
 		if err != nil {
 			http.Error(w, "no order", http.StatusInternalServerError) // rolled back, key free
@@ -141,15 +143,18 @@ func Example_leased() {
 		log.Fatal(err)
 	}
 
-	mw := idemhttp.New(store, &idemhttp.Config{Mode: idemhttp.Leased})
+	mw, err := idemhttp.New(store, &idemhttp.Config{Mode: idemhttp.Leased})
+	if err != nil {
+		log.Fatal(err)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /payments", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("POST /payments", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, _ := idemhttp.Key(r.Context())
-		lease, _ := idemhttp.Lease[*sql.Tx](r.Context())
+		lease, _ := mw.Lease(r.Context())
 		if _, ok := charges[key]; !ok { // the outside call, with no transaction open
 			charges[key] = fmt.Sprintf("ch_%d", len(charges)+1)
 		}
-		tx, ok := idemhttp.Tx[*sql.Tx](r.Context()) // begins the transaction
+		tx, ok := mw.Tx(r.Context()) // begins the transaction
 		if !ok {
 			http.Error(w, "try again", http.StatusServiceUnavailable) // the lease is released
 			return

@@ -82,11 +82,11 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 		MaxJSONDepth: fuzzDepth,
 		Tenant:       func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil },
 	}
-	e.transactional = idemhttp.New(store, &cfg)(http.HandlerFunc(e.handle))
+	e.transactional = mustNew(f, store, &cfg).Wrap(http.HandlerFunc(e.handle))
 	// The leased middleware answers a mismatch with the IETF draft's 422,
 	// so both documented statuses are fuzzed.
 	cfg.Mode, cfg.MismatchStatus = idemhttp.Leased, idemhttp.MismatchStatusIETF
-	e.leased = idemhttp.New(store, &cfg)(http.HandlerFunc(e.handle))
+	e.leased = mustNew(f, store, &cfg).Wrap(http.HandlerFunc(e.handle))
 	return e
 }
 

@@ -93,7 +93,7 @@ func setup[TTx any](t *testing.T, h harness[TTx], o options[TTx]) *bundle[TTx] {
 	if o.handler == nil {
 		o.handler = createOrder[TTx]
 	}
-	b.mux = b.routes(idemhttp.New(store, &cfg), cfg.Mode, o.handler)
+	b.mux = b.routes(mustNew(t, store, &cfg).Wrap, cfg.Mode, o.handler)
 	served := b.mux
 	if o.outer != nil {
 		served = o.outer(served)
@@ -159,7 +159,19 @@ func (b *bundle[TTx]) with(cfg idemhttp.Config, handler handlerFunc[TTx]) http.H
 	if handler == nil {
 		handler = createOrder[TTx]
 	}
-	return b.routes(idemhttp.New(b.store, &cfg), cfg.Mode, handler)
+	mw, err := idemhttp.New(b.store, &cfg)
+	if err != nil {
+		panic(err) // the tests' configurations are valid
+	}
+	return b.routes(mw.Wrap, cfg.Mode, handler)
+}
+
+// mustNew returns the middleware for cfg, failing the test if New refuses it.
+func mustNew[TTx any](tb testing.TB, store *idem.Store[TTx], cfg *idemhttp.Config) *idemhttp.Middleware[TTx] {
+	tb.Helper()
+	mw, err := idemhttp.New(store, cfg)
+	require.NoError(tb, err)
+	return mw
 }
 
 // testTenant reads the tenant from X-Tenant: missing is a 400 chosen by

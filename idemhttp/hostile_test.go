@@ -424,7 +424,7 @@ func testKeysAreData[TTx any](t *testing.T, h harness[TTx]) {
 func TestHostileInputMemory(t *testing.T) { // not parallel: it measures process-wide allocations
 	store := newSQLiteStore(t)
 	var calls atomic.Int64
-	mw := idemhttp.New(store, &idemhttp.Config{Tenant: testTenant})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { calls.Add(1) }))
+	mw := mustNew(t, store, &idemhttp.Config{Tenant: testTenant}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { calls.Add(1); w.WriteHeader(http.StatusNoContent) }))
 	const sent = 64 << 20
 	for _, c := range []struct {
 		name   string

@@ -128,6 +128,13 @@ func (l *leasedRun[TTx]) finish(w http.ResponseWriter, rq *request, cw *capture,
 		// again. The record stays processing and, once the lease ran out,
 		// the status check decides.
 		m.failUnavailable(w, rq)
+	case cw.unwritten:
+		// Nothing says the handler ran, nor that it did not: it may have
+		// made its outside call and returned without a word. Nothing is
+		// stored, and the key is not given up either; once the lease ran
+		// out, the status check decides.
+		l.rollback(tx, begun)
+		m.failNoResponse(w, rq)
 	case !storable:
 		l.rollback(tx, begun)
 		outcome := "rolled_back"

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -23,45 +24,72 @@ import (
 
 const (
 	requestIDHeader = "X-Request-Id"
-	replayedHeader  = "Idempotency-Replayed"
 )
 
-// New returns a middleware that makes the requests it protects (POST and
-// PATCH by default) safe to retry with an Idempotency-Key, using store.
+// New returns the middleware that makes the requests it protects (POST and
+// PATCH by default) safe to retry with an Idempotency-Key, using store; its
+// [Middleware.Wrap] method wraps a handler.
 //
 // For each protected request it parses the key, derives the scope (tenant
 // and operation) and the fingerprint (method, route, target, tenant,
 // canonical body), then, in one transaction begun by [idem.Store.Do]: claims
-// the key, runs the handler with the transaction in its context ([Tx]),
-// stores the handler's response and commits, and only then sends the
-// response. A retry gets the stored response again, replayed; see the
-// package documentation for every outcome.
+// the key, runs the handler with the transaction in its context
+// ([Middleware.Tx]), stores the handler's response and commits, and only
+// then sends the response. A retry gets the stored response again,
+// replayed; see the package documentation for every outcome.
 //
 // With Config.Mode set to [Leased], it instead commits the claim with a
 // lease before the handler runs, renews the lease while the handler works,
 // and completes it in the business transaction the handler takes through
-// [Tx] (the package documentation's "Leased mode").
+// [Middleware.Tx] (the package documentation's "Leased mode").
 //
-// Apply it to the handlers of the routes it protects, as in
-// mux.Handle("POST /orders", mw(createOrder)), so that r.Pattern names the
-// operation; applied around a whole mux it sees no pattern and uses the
-// request path instead.
+// Wrap the handlers of the routes it protects, as in
+// mux.Handle("POST /orders", mw.Wrap(h)), so that r.Pattern names
+// the operation; wrapped around a whole mux it sees no pattern and uses the
+// request path instead (see [RouteOperation] and Config.Operation).
 //
-// New panics if store is nil or cfg is invalid (a negative limit, a
-// MismatchStatus that is not 4xx, an unknown Mode): a programming error
-// found at start-up. The middleware is safe for concurrent use and keeps no
-// state between requests.
-func New[TTx any](store *idem.Store[TTx], cfg *Config) func(http.Handler) http.Handler {
+// New returns an error if store is nil or cfg is invalid (a negative
+// limit, a MismatchStatus that is not 4xx, an unknown Mode, a header name
+// that is not a token). The middleware is safe for concurrent use and
+// keeps no state between requests.
+func New[TTx any](store *idem.Store[TTx], cfg *Config) (*Middleware[TTx], error) {
 	if store == nil {
-		panic("idemhttp: New needs a store")
+		return nil, errors.New("idemhttp: New needs a store")
 	}
 	s, err := cfg.settings()
 	if err != nil {
-		panic("idemhttp: invalid config: " + err.Error())
+		return nil, fmt.Errorf("idemhttp: invalid config: %w", err)
 	}
-	return func(next http.Handler) http.Handler {
-		return &middleware[TTx]{store: store, cfg: s, next: next}
-	}
+	return &Middleware[TTx]{store: store, cfg: s}, nil
+}
+
+// Middleware is the idempotency middleware for a store whose transactions
+// are TTx, made by [New]. Its Tx and Lease methods are typed by the store,
+// so that a handler cannot ask for the wrong transaction type.
+type Middleware[TTx any] struct {
+	store *idem.Store[TTx]
+	cfg   *settings
+}
+
+// Wrap returns next protected by the middleware. Its signature is the
+// func(http.Handler) http.Handler of net/http middleware: pass mw.Wrap to
+// chi's r.Use or r.With, to echo.WrapMiddleware, or to any middleware
+// chain.
+func (m *Middleware[TTx]) Wrap(next http.Handler) http.Handler {
+	return &middleware[TTx]{store: m.store, cfg: m.cfg, next: next}
+}
+
+// Tx returns the business transaction of the request whose context is ctx,
+// as [Tx] does, typed by the middleware's store: a handler that holds the
+// middleware cannot ask for another type.
+func (m *Middleware[TTx]) Tx(ctx context.Context) (tx TTx, ok bool) {
+	return Tx[TTx](ctx)
+}
+
+// Lease returns the lease of the request whose context is ctx, in the
+// leased mode, as [Lease] does, typed by the middleware's store.
+func (m *Middleware[TTx]) Lease(ctx context.Context) (lease *idem.Lease[TTx], ok bool) {
+	return Lease[TTx](ctx)
 }
 
 type middleware[TTx any] struct {
@@ -88,7 +116,7 @@ type request struct {
 func (m *middleware[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !m.cfg.methods[r.Method] {
 		if m.cfg.methods[strings.ToUpper(r.Method)] {
-			rq := &request{r: r, start: time.Now(), requestID: requestID(r)}
+			rq := &request{r: r, start: time.Now(), requestID: m.requestID(r)}
 			m.fail(w, rq, "method_invalid", &Error{Status: http.StatusBadRequest, Code: CodeMethodInvalid,
 				Message: "Request methods are case-sensitive; send this one in upper case."})
 			return
@@ -96,7 +124,7 @@ func (m *middleware[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.next.ServeHTTP(w, r)
 		return
 	}
-	rq := &request{r: r, start: time.Now(), requestID: requestID(r)}
+	rq := &request{r: r, start: time.Now(), requestID: m.requestID(r)}
 
 	key, code := parseKey(r.Header.Values(m.cfg.Header), m.cfg.KeyFormat)
 	switch {
@@ -109,8 +137,7 @@ func (m *middleware[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Message: "This request needs an " + m.cfg.Header + " header."})
 		return
 	case code != "":
-		m.fail(w, rq, "key_invalid", &Error{Status: http.StatusBadRequest, Code: code,
-			Message: "The " + m.cfg.Header + " header is not a valid key."})
+		m.fail(w, rq, "key_invalid", m.keyInvalid())
 		return
 	}
 	rq.key = key
@@ -124,8 +151,12 @@ func (m *middleware[TTx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		tenant = t
 	}
-	route := routeOf(r)
-	rq.scope = scopeOf(tenant, r.Method, route)
+	op, route, e := m.operation(r)
+	if e != nil {
+		m.fail(w, rq, "operation_failed", e)
+		return
+	}
+	rq.scope = scopeOf(tenant, op)
 
 	body, e := readBody(w, r, m.cfg.MaxBodyBytes, m.cfg.MaxJSONDepth)
 	if e != nil {
@@ -158,6 +189,10 @@ var errPassThrough = errors.New("idemhttp: failure response, rolled back")
 // errTooLargeToStore makes idem.Store.Do roll back a response that is too
 // large to store.
 var errTooLargeToStore = errors.New("idemhttp: response too large to store, rolled back")
+
+// errNoResponse makes idem.Store.Do roll back an attempt whose handler wrote
+// nothing: nothing says it ran, so nothing may be stored for it.
+var errNoResponse = errors.New("idemhttp: the handler wrote no response, rolled back")
 
 // errRetryRequested makes idem.Store.Do run the transaction again after the
 // handler called RetryTransaction.
@@ -192,6 +227,8 @@ func (m *middleware[TTx]) serveTransactional(w http.ResponseWriter, rq *request)
 		switch {
 		case a.retry.Load():
 			return nil, errRetryRequested
+		case cw.unwritten:
+			return nil, errNoResponse
 		case cw.status >= 400 && !a.final.Load():
 			return nil, errPassThrough
 		case cw.tooLarge():
@@ -224,6 +261,8 @@ func (m *middleware[TTx]) serveTransactional(w http.ResponseWriter, rq *request)
 		m.log(rq, "rolled_back", last.status)
 	case errors.Is(err, errTooLargeToStore):
 		m.failTooLarge(w, rq)
+	case errors.Is(err, errNoResponse):
+		m.failNoResponse(w, rq)
 	default:
 		// The store is unreachable or failing, the commit failed, the
 		// transaction kept conflicting, or Timeout ran out: whatever the
@@ -250,8 +289,7 @@ func (m *middleware[TTx]) failClaim(w http.ResponseWriter, rq *request, err erro
 	case errors.Is(err, idem.ErrInvalidResponse):
 		m.failResponseInvalid(w, rq, err)
 	case errors.Is(err, idem.ErrInvalidKey):
-		m.fail(w, rq, "key_invalid", &Error{Status: http.StatusBadRequest, Code: CodeKeyInvalid,
-			Message: "The " + m.cfg.Header + " header is not a valid key."})
+		m.fail(w, rq, "key_invalid", m.keyInvalid())
 	default:
 		m.failUnavailable(w, rq)
 	}
@@ -268,6 +306,12 @@ func (m *middleware[TTx]) failUnavailable(w http.ResponseWriter, rq *request) {
 func (m *middleware[TTx]) failTooLarge(w http.ResponseWriter, rq *request) {
 	m.fail(w, rq, "response_too_large", &Error{Status: http.StatusInternalServerError, Code: CodeResponseTooLarge,
 		Message: "The response is too large to be stored for retries; nothing was done."})
+}
+
+// failNoResponse answers 500 with CodeNoResponse.
+func (m *middleware[TTx]) failNoResponse(w http.ResponseWriter, rq *request) {
+	m.fail(w, rq, "no_response", &Error{Status: http.StatusInternalServerError, Code: CodeNoResponse,
+		Message: "The handler wrote no response, so none was stored."})
 }
 
 // failRecordInvalid answers 500 with CodeRecordInvalid.
@@ -367,7 +411,7 @@ func (m *middleware[TTx]) replay(w http.ResponseWriter, rq *request, resp *idem.
 	for k, v := range m.replayable(resp.Header) {
 		h[k] = v
 	}
-	h.Set(replayedHeader, "true")
+	h.Set(m.cfg.ReplayedHeader, "true")
 	h.Set(requestIDHeader, rq.requestID)
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(resp.Body)
@@ -404,7 +448,7 @@ func asError(err error, code, message string) *Error {
 func (m *middleware[TTx]) log(rq *request, outcome string, status int) {
 	level := slog.LevelInfo
 	switch outcome {
-	case "store_unavailable", "response_too_large", "response_invalid", "record_invalid", "panic", "lease_lost":
+	case "store_unavailable", "response_too_large", "response_invalid", "record_invalid", "panic", "lease_lost", "no_response", "operation_failed":
 		level = slog.LevelError
 	case "rolled_back_not_released":
 		level = slog.LevelWarn
@@ -441,33 +485,84 @@ func scopeDigest(scope string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// routeOf returns the operation's route: the ServeMux pattern that matched r
-// without its method (the method is kept apart), or else r's escaped path.
-func routeOf(r *http.Request) string {
-	if p := r.Pattern; p != "" {
-		if i := strings.IndexAny(p, " \t"); i >= 0 {
-			p = strings.TrimLeft(p[i:], " \t")
-		}
-		return p
+// operation returns the request's operation name and the route the
+// fingerprint covers: Config.Operation's name (which is also the route), or
+// by default the method and route of [RouteOperation].
+func (m *middleware[TTx]) operation(r *http.Request) (op, route string, e *Error) {
+	if m.cfg.Operation == nil {
+		route = routeOf(r, patternPath(r.Pattern))
+		return r.Method + " " + route, route, nil
 	}
-	return r.URL.EscapedPath()
+	op, err := m.cfg.Operation(r)
+	if err == nil && op == "" {
+		err = errors.New("empty operation name")
+	}
+	if err != nil {
+		e := asError(err, CodeOperationFailed, "The request's operation could not be determined.")
+		if !errors.As(err, new(*Error)) {
+			e.Status = http.StatusInternalServerError
+		}
+		return "", "", e
+	}
+	return op, op, nil
+}
+
+// RouteOperation returns the operation name the middleware gives r by
+// default when pattern is the route pattern that matched it (without a
+// method): the method and the pattern, as in "POST /orders/{id}/items".
+//
+// A pattern that matches more than one route is not an operation name, so
+// it is replaced by r's escaped path, as is an empty one (no pattern is
+// known, as for a middleware wrapped around a whole router): a pattern
+// ending in "/" (a ServeMux subtree, or the root "/") or in a "{name...}"
+// wildcard, or holding a "*" (chi's "/v1/*" seen by the middleware of a
+// subrouter mounted there, gin's "/files/*path"). Two routes then never
+// share a scope; the price is that the same key sent to /v1/orders/1 and
+// /v1/orders/2 under such a pattern names two records instead of a
+// mismatch, and the method and path are in the fingerprint either way.
+//
+// Use it in a Config.Operation for a router that keeps its pattern
+// elsewhere than r.Pattern.
+func RouteOperation(r *http.Request, pattern string) string {
+	return r.Method + " " + routeOf(r, pattern)
+}
+
+// routeOf returns pattern, or r's escaped path when pattern is empty or
+// matches more than one route.
+func routeOf(r *http.Request, pattern string) string {
+	if pattern == "" || strings.HasSuffix(pattern, "/") || strings.HasSuffix(pattern, "...}") || strings.Contains(pattern, "*") {
+		return r.URL.EscapedPath()
+	}
+	return pattern
+}
+
+// patternPath returns a ServeMux pattern without its method.
+func patternPath(p string) string {
+	if i := strings.IndexAny(p, " \t"); i >= 0 {
+		p = strings.TrimLeft(p[i:], " \t")
+	}
+	return p
 }
 
 // ScopeFor returns the scope the middleware claims a request's key in: the
 // tenant (Config.Tenant's answer, "" without one), the request's method and
-// its route (the ServeMux pattern without its method, such as
-// "/orders/{id}", or else the escaped path), as in "acme POST /orders".
-// Operators and tests use it to find a request's record with
+// its route (the pattern without its method, such as "/orders/{id}", or the
+// escaped path where [RouteOperation] uses it: no pattern, or one that
+// matches many routes), as in "acme POST /orders". With Config.Operation
+// the scope is the tenant and the operation's name, which ScopeFor returns
+// when method and route are the name's parts before and after its first
+// space. Operators and tests use it to find a request's record with
 // idem.Store.Lookup (or `idem inspect --tenant --method --route --key`).
-func ScopeFor(tenant, method, route string) string { return scopeOf(tenant, method, route) }
+func ScopeFor(tenant, method, route string) string { return scopeOf(tenant, method+" "+route) }
 
 // scopeOf names the operation a key belongs to: the tenant (path-escaped,
-// so it holds no space), the method and the route, as in
-// "acme POST /orders". A scope that idem would refuse (longer than
-// idem.MaxScopeLength, or with control characters from a route pattern) is
-// replaced by "sha256:" and its hex digest, which still tells scopes apart.
-func scopeOf(tenant, method, route string) string {
-	s := url.PathEscape(tenant) + " " + method + " " + route
+// so it holds no space) and the operation name (by default the method and
+// the route), as in "acme POST /orders". A scope that idem would refuse
+// (longer than idem.MaxScopeLength, or with control characters from a
+// route pattern) is replaced by "sha256:" and its hex digest, which still
+// tells scopes apart.
+func scopeOf(tenant, op string) string {
+	s := url.PathEscape(tenant) + " " + op
 	if len(s) <= idem.MaxScopeLength && utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0 {
 		return s
 	}
@@ -475,14 +570,33 @@ func scopeOf(tenant, method, route string) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// requestID returns the request's X-Request-Id when it is a reasonable ID
-// (1 to 128 characters of letters, digits and ._:/+=-), else a new one, so
-// that neither logs nor headers carry whatever a client sent.
-func requestID(r *http.Request) string {
-	if id := r.Header.Get(requestIDHeader); id != "" && len(id) <= 128 && strings.Trim(id, idChars) == "" {
+// requestID returns Config.RequestID's ID for r, or by default its
+// X-Request-Id, when it is a reasonable ID (1 to 128 characters of letters,
+// digits and ._:/+=-), else a new one, so that neither logs nor headers
+// carry whatever a client sent.
+func (m *middleware[TTx]) requestID(r *http.Request) string {
+	var id string
+	if m.cfg.RequestID != nil {
+		id = m.cfg.RequestID(r)
+	} else {
+		id = r.Header.Get(requestIDHeader)
+	}
+	if id != "" && len(id) <= 128 && strings.Trim(id, idChars) == "" {
 		return id
 	}
 	return "req_" + strings.ToLower(rand.Text())
+}
+
+// keyInvalid is the 400 of a key that cannot be used. It states the
+// accepted format and never echoes the key.
+func (m *middleware[TTx]) keyInvalid() *Error {
+	format := "matching " + m.cfg.KeyFormat.String()
+	if m.cfg.KeyFormat == defaultKeyFormat {
+		format = "of 12 to 64 letters, digits, '-' or '_'"
+	}
+	return &Error{Status: http.StatusBadRequest, Code: CodeKeyInvalid,
+		Message: "The " + m.cfg.Header + " header must be one header line holding one key " + format +
+			" (raw or as a quoted string), at most " + strconv.Itoa(idem.MaxKeyLength) + " bytes, without control characters."}
 }
 
 const idChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/+=-"

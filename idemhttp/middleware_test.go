@@ -1120,10 +1120,12 @@ func testConcurrentDuplicates[TTx any](t *testing.T, h harness[TTx]) {
 	t.Logf("%d original, %d replays, %d in progress", originals, replays, inProgress)
 }
 
-// TestNewPanicsOnInvalidConfig: configuration mistakes surface at start-up.
-func TestNewPanicsOnInvalidConfig(t *testing.T) {
+// TestNewRefusesInvalidConfig: configuration mistakes surface at start-up,
+// as errors.
+func TestNewRefusesInvalidConfig(t *testing.T) {
 	t.Parallel()
-	require.Panics(t, func() { idemhttp.New[*sqlTx](nil, nil) })
+	_, err := idemhttp.New[*sqlTx](nil, nil)
+	require.ErrorContains(t, err, "needs a store")
 	store := newSQLiteStore(t)
 	for _, cfg := range []idemhttp.Config{
 		{MismatchStatus: http.StatusOK},
@@ -1132,10 +1134,16 @@ func TestNewPanicsOnInvalidConfig(t *testing.T) {
 		{Timeout: -time.Second},
 		{InProgressRetryAfter: -time.Second},
 		{Mode: idemhttp.Leased + 1},
+		{Header: "Idempotency Key"},
+		{ReplayedHeader: "Replayed:"},
 	} {
-		require.Panics(t, func() { idemhttp.New(store, &cfg) })
+		mw, err := idemhttp.New(store, &cfg)
+		require.ErrorContains(t, err, "idemhttp: invalid config: ", "%+v", cfg)
+		require.Nil(t, mw)
 	}
-	require.NotPanics(t, func() { idemhttp.New(store, nil) })
+	mw, err := idemhttp.New(store, nil)
+	require.NoError(t, err)
+	require.NotNil(t, mw)
 }
 
 // TestAccessorsOutsideMiddleware: nothing is found in a plain context.

@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemstore/idem"
@@ -229,7 +230,9 @@ func TestGaleraCrossNodeRace(t *testing.T) {
 				s, err := idem.New(idemmysql.New(db), &idem.Config{MaxTxRetries: 5})
 				require.NoError(t, err)
 				stores[i] = s
-				handlers[i] = idemhttp.New(s, nil)(orderHandler(t, s, i+1))
+				mw, err := idemhttp.New(s, nil)
+				require.NoError(t, err)
+				handlers[i] = mw.Wrap(orderHandler(t, s, i+1))
 			}
 			var counts tally
 			answers := make([][3]string, keys)
@@ -667,11 +670,19 @@ func TestGaleraNodeKilled(t *testing.T) {
 	// Left running, so that the cluster has three nodes again; .ci/galera.sh
 	// stops it with the others (it finds it by its pid file).
 	require.NoError(t, cmd.Process.Release())
-	require.Eventually(t, func() bool {
+	// Usually seconds (IST); a full state transfer on a loaded machine takes
+	// longer. On failure the joiner's log says why.
+	rejoined := assert.Eventually(t, func() bool {
 		var name, state string
 		err := c.nodes[2].admin.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE 'wsrep_local_state_comment'").Scan(&name, &state)
 		return err == nil && state == "Synced"
-	}, 120*time.Second, 250*time.Millisecond, "node 3 did not rejoin")
+	}, 240*time.Second, 250*time.Millisecond, "node 3 did not rejoin")
+	if !rejoined {
+		if log, err := os.ReadFile(filepath.Join(dir, "n3", "error.log")); err == nil {
+			t.Logf("n3/error.log, last 4 KiB:\n%s", log[max(0, len(log)-4096):])
+		}
+		t.FailNow()
+	}
 	rejoin := time.Since(restartStart)
 
 	var lost, dups int

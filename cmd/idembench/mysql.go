@@ -14,16 +14,24 @@ import (
 	idemmysql "github.com/idemstore/idem/mysql"
 )
 
+// mysqlRecordColumns are the stored columns of idempotency_keys (all but
+// the generated key_digest).
+const mysqlRecordColumns = `scope, idempotency_key, fingerprint, status, token, attempt,
+	lease_expires_at, response_status, response_headers, response_body, created_at, updated_at,
+	completed_at, expires_at`
+
 // mysqlStatements: the namespace is a database.
 var mysqlStatements = statements{
-	snapshot: `CREATE TABLE idembench_seed AS SELECT * FROM idempotency_keys`,
+	// The columns by name: key_digest is a generated column, which an
+	// INSERT may not write.
+	snapshot: `CREATE TABLE idembench_seed AS SELECT ` + mysqlRecordColumns + ` FROM idempotency_keys`,
 	// The admin connections run with foreign_key_checks=0 (mysqlDB), so
 	// that orders, which order_lines references, can be truncated.
 	reset: []string{
 		`TRUNCATE TABLE idempotency_keys`,
 		`TRUNCATE TABLE order_lines`,
 		`TRUNCATE TABLE orders`,
-		`INSERT INTO idempotency_keys SELECT * FROM idembench_seed`,
+		`INSERT INTO idempotency_keys (` + mysqlRecordColumns + `) SELECT ` + mysqlRecordColumns + ` FROM idembench_seed`,
 		`ANALYZE TABLE idempotency_keys, orders, order_lines, products`,
 	},
 	truncateOrders: []string{`TRUNCATE TABLE order_lines`, `TRUNCATE TABLE orders`},

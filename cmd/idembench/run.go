@@ -168,7 +168,11 @@ func runLevel[TTx any](ctx context.Context, l *level[TTx], res *dialectResult, r
 		defer func() { _ = l.redisAdmin.Close() }()
 	}
 	if cfg.wants("http") || cfg.wants("httpplain") {
-		l.httpSrv = newHTTPServer(l.p.store, b.business)
+		srv, err := newHTTPServer(l.p.store, b.business)
+		if err != nil {
+			return err
+		}
+		l.httpSrv = srv
 		defer l.httpSrv.Close()
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = workers, workers

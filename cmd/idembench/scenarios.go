@@ -525,7 +525,7 @@ var orderRequest = []byte(`{"amount":{"value":"1999","currency":"EUR"},"items":[
 // newHTTPServer serves POST /idem/<shape>/orders through idemhttp and
 // POST /plain/<shape>/orders without it, both running the same business
 // transaction of the shape.
-func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) func(context.Context, TTx, string) error) *httptest.Server {
+func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) func(context.Context, TTx, string) error) (*httptest.Server, error) {
 	write := func(w http.ResponseWriter) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", "/orders/ord_7GQ2V9X4KD8M3N5P")
@@ -533,11 +533,14 @@ func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) fu
 		_, _ = w.Write(response.Body)
 	}
 	mux := http.NewServeMux()
-	mw := idemhttp.New(s, nil)
+	mw, err := idemhttp.New(s, nil)
+	if err != nil {
+		return nil, err
+	}
 	for _, shape := range workload.Shapes {
 		insert := business(shape)
-		mux.Handle("POST /idem/"+string(shape)+"/orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			tx, ok := idemhttp.Tx[TTx](r.Context())
+		mux.Handle("POST /idem/"+string(shape)+"/orders", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tx, ok := mw.Tx(r.Context())
 			if !ok {
 				http.Error(w, "no transaction", http.StatusInternalServerError)
 				return
@@ -558,7 +561,7 @@ func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) fu
 			write(w)
 		})
 	}
-	return httptest.NewServer(mux)
+	return httptest.NewServer(mux), nil
 }
 
 // fill copies the template record into keys from..to of 100 scopes named

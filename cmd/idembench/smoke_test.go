@@ -74,9 +74,12 @@ func TestSmoke(t *testing.T) {
 			require.Positive(t, r.VsBare, r.Scenario)
 		}
 		// Only Redis is behind the proxy: SETNX and SET, 2 round trips.
+		// Operations in flight when the warm-up ends are counted in turns
+		// but not in operations, which a short run on a loaded machine
+		// shows as a few percent (2.06 seen); 1 or 3 would be a real error.
 		switch {
 		case r.Scenario == "redis" && r.RTT == "proxy0":
-			require.InDelta(t, 2, r.RoundTrips, 0.05)
+			require.InDelta(t, 2, r.RoundTrips, 0.25)
 		default:
 			require.Zero(t, r.RoundTrips, "%s %s", r.RTT, r.Scenario)
 		}

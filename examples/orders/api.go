@@ -15,7 +15,10 @@ import (
 
 // api serves the orders API; TTx is the store's transaction type.
 type api[TTx any] struct {
-	orders orderRepo[TTx]
+	// idem protects POST /orders (transactional) and idemOutside POST
+	// /payments (leased); their Tx and Lease methods are typed by the store.
+	idem, idemOutside *idemhttp.Middleware[TTx]
+	orders            orderRepo[TTx]
 	// delay is how long create sleeps inside its transaction (-handler-delay).
 	delay time.Duration
 	// provider is the fake payment provider POST /payments charges.
@@ -28,7 +31,7 @@ type api[TTx any] struct {
 // repeat by themselves. POST /orders writes to the database only and uses
 // the transactional mode; POST /payments calls the payment provider and
 // uses the leased mode.
-func (a *api[TTx]) routes(store *idem.Store[TTx], logger *slog.Logger) http.Handler {
+func (a *api[TTx]) routes(store *idem.Store[TTx], logger *slog.Logger) (http.Handler, error) {
 	cfg := idemhttp.Config{
 		// The tenant is the authenticated principal's (auth.go), never a
 		// header the client picks: the stored response of a key goes to
@@ -41,17 +44,22 @@ func (a *api[TTx]) routes(store *idem.Store[TTx], logger *slog.Logger) http.Hand
 		},
 		Logger: logger,
 	}
-	idempotent := idemhttp.New(store, &cfg)
+	var err error
+	if a.idem, err = idemhttp.New(store, &cfg); err != nil {
+		return nil, err
+	}
 	leased := cfg
 	leased.Mode = idemhttp.Leased
-	idempotentOutside := idemhttp.New(store, &leased)
+	if a.idemOutside, err = idemhttp.New(store, &leased); err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", idempotent(http.HandlerFunc(a.create)))
-	mux.Handle("POST /payments", idempotentOutside(http.HandlerFunc(a.pay)))
+	mux.Handle("POST /orders", a.idem.Wrap(http.HandlerFunc(a.create)))
+	mux.Handle("POST /payments", a.idemOutside.Wrap(http.HandlerFunc(a.pay)))
 	mux.HandleFunc("GET /orders/{id}", a.get)
 	mux.HandleFunc("GET /orders", a.list)
 	// Authentication runs first, around everything.
-	return a.auth.middleware(mux)
+	return a.auth.middleware(mux), nil
 }
 
 // errUnauthenticated answers a request that reached the API without a
@@ -83,7 +91,7 @@ func (a *api[TTx]) create(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	tx, ok := idemhttp.Tx[TTx](ctx)
+	tx, ok := a.idem.Tx(ctx)
 	key, _ := idemhttp.Key(ctx)
 	if !ok {
 		writeError(w, r, http.StatusInternalServerError, "internal_error", "No transaction: the route is not behind idemhttp.")

@@ -34,21 +34,17 @@ func principalOf(ctx context.Context) (principal, bool) {
 // authenticator checks bearer tokens.
 type authenticator struct {
 	secret []byte
-	// trustTenantHeader takes the tenant from X-Tenant-ID unchecked. Only
-	// for the fault suite (-provider-url), which drives this binary as many
-	// tenants; never in a real service.
-	trustTenantHeader bool
 }
 
 // newAuthenticator signs with secret, or with a random secret when it is
 // empty (tokens then last as long as the process).
-func newAuthenticator(secret string, trustTenantHeader bool) *authenticator {
+func newAuthenticator(secret string) *authenticator {
 	key := []byte(secret)
 	if secret == "" {
 		key = make([]byte, 32)
 		_, _ = rand.Read(key)
 	}
-	return &authenticator{secret: key, trustTenantHeader: trustTenantHeader}
+	return &authenticator{secret: key}
 }
 
 // token returns the bearer token of tenant.
@@ -77,18 +73,13 @@ func (a *authenticator) middleware(next http.Handler) http.Handler {
 	})
 }
 
-// tenantOf returns the tenant of r's valid bearer token, or, in the fault
-// suite's mode only, of its X-Tenant-ID header.
+// tenantOf returns the tenant of r's valid bearer token.
 func (a *authenticator) tenantOf(r *http.Request) (string, bool) {
 	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 		tenant, sig, ok := strings.Cut(tok, ".")
 		if ok && tenant != "" && hmac.Equal([]byte(sig), []byte(a.sign(tenant))) {
 			return tenant, true
 		}
-	}
-	if a.trustTenantHeader {
-		t := r.Header.Get("X-Tenant-ID")
-		return t, t != ""
 	}
 	return "", false
 }

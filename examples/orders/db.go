@@ -53,11 +53,17 @@ type service struct {
 }
 
 // openDatabase opens the database named by spec (see the -db flag), applies
-// idem's migrations and creates the orders table if it is missing.
-func openDatabase(ctx context.Context, spec string) (*database, error) {
+// idem's migrations and creates the orders table if it is missing. schema
+// (the -schema flag) names the PostgreSQL schema of every table; empty: the
+// tables the connection's search_path finds.
+func openDatabase(ctx context.Context, spec, schema string) (*database, error) {
+	isPostgres := strings.HasPrefix(spec, "postgres://") || strings.HasPrefix(spec, "postgresql://")
+	if schema != "" && !isPostgres {
+		return nil, errors.New("-schema: only for a postgres:// -db")
+	}
 	switch {
-	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
-		return openPostgres(ctx, spec)
+	case isPostgres:
+		return openPostgres(ctx, spec, schema)
 	case strings.HasPrefix(spec, "mysql://"):
 		return openMySQL(ctx, strings.TrimPrefix(spec, "mysql://"))
 	case spec == "":
@@ -93,24 +99,39 @@ func openSQLite(ctx context.Context, path string) (*database, error) {
 	return newDatabase(dialectSQLite, "SQLite file "+path, idemsqlite.New(db), &sqlOrders{db: db}, func() { _ = db.Close() }), nil
 }
 
-func openPostgres(ctx context.Context, url string) (*database, error) {
+// openPostgres opens a pgx URL. Its default_query_exec_mode parameter
+// picks pgx's exec mode: through a transaction pooler such as PgBouncer it
+// must be one that keeps no prepared statement across transactions
+// (simple_protocol or exec; see the postgres package's documentation). With
+// a schema, idem's table and the service's own are all named in it, so no
+// search_path (which a transaction pooler does not keep) decides which
+// tables the service writes.
+func openPostgres(ctx context.Context, url, schema string) (*database, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("-db: %w", err)
+	}
+	var opts []idempg.Option
+	if schema != "" {
+		opts = append(opts, idempg.WithSchema(schema))
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	if err := prepare(ctx, func() error { return idempg.Migrate(ctx, pool) }, func(q string) error {
+	orders := newPGOrders(pool, schema)
+	if err := prepare(ctx, func() error { return idempg.Migrate(ctx, pool, opts...) }, func(q string) error {
 		_, err := pool.Exec(ctx, q)
 		return err
-	}, postgresSchema, postgresPayments); err != nil {
+	}, fmt.Sprintf(postgresSchema, orders.orders), fmt.Sprintf(postgresPayments, orders.payments)); err != nil {
 		pool.Close()
 		return nil, err
 	}
 	describe := fmt.Sprintf("PostgreSQL %s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
-	return newDatabase(dialectPostgres, describe, idempg.New(pool), &pgOrders{pool: pool}, pool.Close), nil
+	if schema != "" {
+		describe += ", schema " + schema
+	}
+	return newDatabase(dialectPostgres, describe, idempg.New(pool, opts...), orders, pool.Close), nil
 }
 
 // openMySQL opens a go-sql-driver DSN, adding the parameters idem needs:
@@ -183,11 +204,15 @@ func newDatabase[TTx any](dialect, describe string, d idem.Dialect[TTx], orders 
 			if err != nil {
 				return nil, err
 			}
-			auth := newAuthenticator(o.tokenSecret, o.providerURL != "")
+			auth := newAuthenticator(o.tokenSecret)
 			a := &api[TTx]{orders: orders, delay: o.handlerDelay, provider: prov, auth: auth}
+			handler, err := a.routes(store, logger)
+			if err != nil {
+				return nil, err
+			}
 			return &service{
 				token:         auth.token,
-				handler:       a.routes(store, logger),
+				handler:       handler,
 				reap:          func(ctx context.Context) { _ = reaper.Run(ctx) },
 				providerCalls: prov.callCount,
 			}, nil
@@ -198,9 +223,10 @@ func newDatabase[TTx any](dialect, describe string, d idem.Dialect[TTx], orders 
 
 // The orders table, with its own unique constraint on (tenant,
 // idempotency_key): the business backstop, so that even a bug above it could
-// not write a second order for one key.
+// not write a second order for one key. PostgreSQL's takes the table's
+// (sanitised, possibly schema-qualified) name as %s.
 const (
-	postgresSchema = `CREATE TABLE IF NOT EXISTS orders (
+	postgresSchema = `CREATE TABLE IF NOT EXISTS %s (
 	id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 	tenant          text NOT NULL,
 	idempotency_key text NOT NULL,
@@ -234,7 +260,7 @@ const (
 
 // The payments table, with the same backstop.
 const (
-	postgresPayments = `CREATE TABLE IF NOT EXISTS payments (
+	postgresPayments = `CREATE TABLE IF NOT EXISTS %s (
 	id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 	tenant          text NOT NULL,
 	idempotency_key text NOT NULL,
@@ -287,16 +313,32 @@ type orderRepo[TTx any] interface {
 }
 
 // pgOrders is orderRepo on PostgreSQL.
-type pgOrders struct{ pool *pgxpool.Pool }
+type pgOrders struct {
+	pool *pgxpool.Pool
+	// orders and payments are the tables' names, sanitised identifiers
+	// (quoted; schema-qualified with -schema), safe to put in SQL text.
+	orders, payments string
+}
+
+// newPGOrders names the tables in schema, or unqualified when it is empty.
+func newPGOrders(pool *pgxpool.Pool, schema string) *pgOrders {
+	name := func(table string) string {
+		if schema == "" {
+			return pgx.Identifier{table}.Sanitize()
+		}
+		return pgx.Identifier{schema, table}.Sanitize()
+	}
+	return &pgOrders{pool: pool, orders: name("orders"), payments: name("payments")}
+}
 
 func (p *pgOrders) insert(ctx context.Context, tx pgx.Tx, key string, o *order) error {
-	return tx.QueryRow(ctx, `INSERT INTO orders (tenant, idempotency_key, sku, qty, amount_cents, created_at)
+	return tx.QueryRow(ctx, `INSERT INTO `+p.orders+` (tenant, idempotency_key, sku, qty, amount_cents, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
 		o.Tenant, key, o.SKU, o.Qty, o.AmountCents, o.CreatedAt).Scan(&o.ID)
 }
 
 func (p *pgOrders) insertPayment(ctx context.Context, tx pgx.Tx, key string, pm *payment) error {
-	return tx.QueryRow(ctx, `INSERT INTO payments (tenant, idempotency_key, charge_id, amount_cents, created_at)
+	return tx.QueryRow(ctx, `INSERT INTO `+p.payments+` (tenant, idempotency_key, charge_id, amount_cents, created_at)
 		VALUES ($1, $2, $3, $4, $5) RETURNING id`,
 		pm.Tenant, key, pm.ChargeID, pm.AmountCents, pm.CreatedAt).Scan(&pm.ID)
 }
@@ -304,7 +346,7 @@ func (p *pgOrders) insertPayment(ctx context.Context, tx pgx.Tx, key string, pm 
 func (p *pgOrders) get(ctx context.Context, tenant string, id int64) (*order, error) {
 	o := &order{}
 	err := p.pool.QueryRow(ctx, `SELECT id, tenant, sku, qty, amount_cents, created_at
-		FROM orders WHERE tenant = $1 AND id = $2`, tenant, id).
+		FROM `+p.orders+` WHERE tenant = $1 AND id = $2`, tenant, id).
 		Scan(&o.ID, &o.Tenant, &o.SKU, &o.Qty, &o.AmountCents, &o.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, errNoOrder
@@ -315,7 +357,7 @@ func (p *pgOrders) get(ctx context.Context, tenant string, id int64) (*order, er
 
 func (p *pgOrders) list(ctx context.Context, tenant string) ([]order, error) {
 	rows, err := p.pool.Query(ctx, `SELECT id, tenant, sku, qty, amount_cents, created_at
-		FROM orders WHERE tenant = $1 ORDER BY id`, tenant)
+		FROM `+p.orders+` WHERE tenant = $1 ORDER BY id`, tenant)
 	if err != nil {
 		return nil, err
 	}
@@ -329,7 +371,7 @@ func (p *pgOrders) list(ctx context.Context, tenant string) ([]order, error) {
 
 func (p *pgOrders) count(ctx context.Context, tenant string) (int, error) {
 	var n int
-	err := p.pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE tenant = $1`, tenant).Scan(&n)
+	err := p.pool.QueryRow(ctx, `SELECT count(*) FROM `+p.orders+` WHERE tenant = $1`, tenant).Scan(&n)
 	return n, err
 }
 

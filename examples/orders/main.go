@@ -6,6 +6,13 @@
 //	go run ./examples/orders                # serves on 127.0.0.1:8080, SQLite in a temporary directory
 //	go run ./examples/orders -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //	go run ./examples/orders -db 'mysql://root@tcp(127.0.0.1:3306)/shop'
+//	go run ./examples/orders -db 'postgres://...@pgbouncer:6432/shop?default_query_exec_mode=exec' -schema shop
+//
+// Behind a transaction pooler (PgBouncer, pool_mode=transaction), give
+// -schema, so that every statement names its table rather than relying on
+// a search_path the pooler does not keep, and a default_query_exec_mode
+// (exec or simple_protocol) that keeps no prepared statement across
+// transactions.
 //
 // The API:
 //
@@ -36,10 +43,9 @@
 //	                    {"key": ..., "amount_cents": N}; see payments.go)
 //	                    instead of the in-memory fake, so that its charges
 //	                    survive a crash of this process and the StatusCheck
-//	                    of the restarted process can find them. It also
-//	                    takes the tenant from the X-Tenant-ID header,
-//	                    unauthenticated, as the suite plays many tenants:
-//	                    one more reason never to set it in production.
+//	                    of the restarted process can find them. The suite
+//	                    plays many tenants with tokens signed with the
+//	                    -token-secret it gives.
 //	-fault-injection    TEST AID, off by default, never for production: a
 //	                    request with X-Fault-Crash: before-claim, after-claim,
 //	                    after-commit, before-provider-call or
@@ -85,8 +91,10 @@ func main() {
 
 // options are the command line flags.
 type options struct {
-	addr         string
-	db           string
+	addr string
+	db   string
+	// schema is the PostgreSQL schema of every table; empty: search_path's.
+	schema       string
 	retention    time.Duration
 	lease        time.Duration
 	waitTimeout  time.Duration
@@ -111,6 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "listen address")
 	fs.StringVar(&o.db, "db", "", "an SQLite file path, a postgres:// URL, or mysql:// followed by a go-sql-driver DSN;\nempty: an SQLite file in a new temporary directory")
+	fs.StringVar(&o.schema, "schema", "", "PostgreSQL only: the existing schema that holds every table (idem's and the service's),\nnamed in every statement, as a transaction pooler such as PgBouncer keeps no search_path;\nempty: the tables the connection's search_path finds")
 	fs.DurationVar(&o.retention, "retention", 24*time.Hour, "how long a key's record is kept (idem.Config.Retention)")
 	fs.DurationVar(&o.lease, "lease", 30*time.Second, "how long a processing record is presumed alive (idem.Config.LeaseDuration)")
 	fs.DurationVar(&o.waitTimeout, "wait-timeout", 5*time.Second, "how long a duplicate waits for an in-flight original before 409 (idem.Config.WaitTimeout)")
@@ -145,7 +154,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		o.addr = "127.0.0.1:0"
 	}
 
-	db, err := openDatabase(ctx, o.db)
+	db, err := openDatabase(ctx, o.db, o.schema)
 	if err != nil {
 		return err
 	}

@@ -48,7 +48,8 @@ func TestDemo(t *testing.T) {
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		playDemoOn(t, postgresSchemaURL(t))
+		url, schema := postgresTestSchema(t)
+		playDemoOn(t, url, "-schema", schema)
 	})
 	t.Run("mariadb", func(t *testing.T) {
 		t.Parallel()
@@ -56,10 +57,10 @@ func TestDemo(t *testing.T) {
 	})
 }
 
-func playDemoOn(t *testing.T, db string) {
+func playDemoOn(t *testing.T, db string, args ...string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	err := run(t.Context(), []string{"-demo", "-db", db}, &out, &errOut)
+	err := run(t.Context(), append([]string{"-demo", "-db", db}, args...), &out, &errOut)
 	t.Log("\n" + out.String())
 	require.NoError(t, err, errOut.String())
 	require.Regexp(t, `^orders: serving on http://127\.0\.0\.1:\d+ `, out.String(), "one ready line first")
@@ -72,16 +73,19 @@ func playDemoOn(t *testing.T, db string) {
 	}
 }
 
-// postgresSchemaURL returns the test server's URL with a search_path on a
-// fresh schema, dropped when t ends.
-func postgresSchemaURL(t *testing.T) string {
+// postgresTestSchema returns the test server's URL and a fresh schema, dropped
+// when t ends, for -schema: no search_path, so that the demo runs through
+// a transaction pooler too (.ci/pgbouncer.sh). The URL carries the exec
+// mode of testdb.PostgresExecModes (the first), as a pooler refuses pgx's
+// statement cache.
+func postgresTestSchema(t *testing.T) (url, schema string) {
 	t.Helper()
-	url := testdb.PostgresURL(t)
+	url = testdb.PostgresURL(t)
 	ctx := t.Context()
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
-	schema := testdb.Name()
+	schema = testdb.Name()
 	_, err = conn.Exec(ctx, "CREATE SCHEMA "+schema)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -92,7 +96,7 @@ func postgresSchemaURL(t *testing.T) string {
 	if strings.Contains(url, "?") {
 		sep = "&"
 	}
-	return url + sep + "search_path=" + schema
+	return url + sep + "default_query_exec_mode=" + testdb.PostgresExecModes()[0], schema
 }
 
 // mysqlDatabaseDSN returns mysql:// and the test server's DSN on a fresh
@@ -130,7 +134,7 @@ func TestAPI(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	path := filepath.Join(t.TempDir(), "orders.db")
-	db, err := openDatabase(ctx, path)
+	db, err := openDatabase(ctx, path, "")
 	require.NoError(t, err)
 	t.Cleanup(db.close)
 	o, err := parseFlags(nil, io.Discard)
@@ -245,6 +249,7 @@ func TestFlags(t *testing.T) {
 		{"-db", "mysql://root@tcp(127.0.0.1:3306)/"}, // no database
 		{"-db", "postgres://%zz"},
 		{"-wait-timeout", "soon"},
+		{"-schema", "shop"}, // PostgreSQL only; -db is SQLite here
 	} {
 		require.Error(t, run(t.Context(), args, io.Discard, io.Discard), "%q", args)
 	}
@@ -389,7 +394,7 @@ func TestOutsideProvider(t *testing.T) {
 	for range 2 {
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/payments", strings.NewReader(`{"amount_cents":4200}`))
 		require.NoError(t, err)
-		req.Header.Set("X-Tenant-ID", "acme")
+		req.Header.Set("Authorization", "Bearer "+testToken("acme"))
 		req.Header.Set("Idempotency-Key", "outside-provider-1")
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
@@ -399,6 +404,16 @@ func TestOutsideProvider(t *testing.T) {
 		require.Equal(t, http.StatusCreated, resp.StatusCode, string(body))
 		require.Contains(t, string(body), `"charge_id":"ch_outside"`)
 	}
+	// -provider-url (the fault suite's mode) trusts no tenant header
+	// either: without a token, 401 and no charge.
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/payments", strings.NewReader(`{"amount_cents":4200}`))
+	require.NoError(t, err)
+	req.Header.Set("X-Tenant-ID", "acme")
+	req.Header.Set("Idempotency-Key", "outside-provider-2")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 	mu.Lock()
 	keys := make([]string, 0, len(calls))
 	for key, n := range calls {
@@ -428,7 +443,7 @@ func TestOutsideProvider(t *testing.T) {
 const testTokenSecret = "test-secret"
 
 // testToken returns a bearer token for tenant, signed with testTokenSecret.
-func testToken(tenant string) string { return newAuthenticator(testTokenSecret, false).token(tenant) }
+func testToken(tenant string) string { return newAuthenticator(testTokenSecret).token(tenant) }
 
 // TestTenantComesFromAuthentication: the tenant is the bearer token's. A
 // request without a valid token is refused with 401 before anything is
@@ -459,7 +474,7 @@ func TestTenantComesFromAuthentication(t *testing.T) {
 	require.Equal(t, http.StatusCreated, first.StatusCode, string(body))
 
 	for _, auth := range []string{"", "Bearer acme", "Bearer acme.00", "Bearer " + testToken("acme") + "0",
-		"Bearer " + newAuthenticator("other-secret", false).token("acme")} {
+		"Bearer " + newAuthenticator("other-secret").token("acme")} {
 		resp, body := post(auth, "acme")
 		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%q: %s", auth, body)
 		require.NotContains(t, string(body), `"sku"`, "acme's order must not leak")

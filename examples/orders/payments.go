@@ -211,7 +211,7 @@ func (a *api[TTx]) pay(w http.ResponseWriter, r *http.Request) {
 	}
 	key, _ := idemhttp.Key(ctx)
 	scope, _ := idemhttp.Scope(ctx)
-	lease, ok := idemhttp.Lease[TTx](ctx)
+	lease, ok := a.idemOutside.Lease(ctx)
 	if !ok {
 		writeError(w, r, http.StatusInternalServerError, "internal_error", "No lease: the route is not behind a leased idemhttp middleware.")
 		return
@@ -235,7 +235,7 @@ func (a *api[TTx]) pay(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusBadGateway, "provider_unavailable", "The payment provider did not answer.")
 		return
 	}
-	tx, ok := idemhttp.Tx[TTx](ctx)
+	tx, ok := a.idemOutside.Tx(ctx)
 	if !ok {
 		// The provider has charged and the charge cannot be recorded (the
 		// store is failing, or the lease was lost). idemhttp keeps the key
