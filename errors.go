@@ -83,8 +83,11 @@ type InProgressError struct {
 	// The caller must roll the transaction back. Never set by [Store.Do],
 	// which rolls back its own transaction.
 	TxAborted bool
-	// Cause is the driver's error that ended the wait (a lock timeout), if
-	// any; it is reachable through errors.As.
+	// Cause is the driver's error that ended the wait when the database
+	// gave up waiting for another transaction's lock (a lock timeout), and
+	// is reachable through errors.As. It is nil when idem itself found the
+	// key held (a live lease, an unsettled stale one); it never holds an
+	// error of idem's own.
 	Cause error
 }
 

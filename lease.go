@@ -82,9 +82,10 @@ func NotCommitted() Verdict { return Verdict{Kind: VerdictNotCommitted} }
 // Unknown is the verdict of a check that cannot tell yet.
 func Unknown() Verdict { return Verdict{} }
 
-// errStaleLease marks the in-progress answer of a claim, inside a caller's
-// transaction, that met a record whose lease ran out and that only a
-// status check on the pool can settle.
+// errStaleLease is the answer of a claim inside [Store.Do]'s own
+// transaction that met a record whose lease ran out and that only a status
+// check on the pool can settle. It never leaves the package: Do settles the
+// record on the pool (doStale).
 var errStaleLease = errors.New("idem: the key's lease ran out; its status check runs outside the caller's transaction")
 
 // Resolution outcomes of a stale record, for logs and the reaper's report.
@@ -216,13 +217,13 @@ func (s *Store[TTx]) logResolution(ctx context.Context, keyDigest, outcome strin
 // claimStale handles a claim that met a processing record whose lease ran
 // out, with the claimer's fingerprint already matched.
 //
-// Inside a caller's transaction (inTx) the status check does not run: its
-// verdict would live and die with that transaction, and the transaction
-// would hold its locks (on SQLite, the whole database) for the whole check.
-// The claimer gets an *InProgressError (with errStaleLease as its Cause,
-// which [Store.Do] recognises and resolves on the pool); a pool-level claim,
-// [Store.Acquire] or the [Reaper] settles the record.
-func (s *Store[TTx]) claimStale(ctx context.Context, exec Executor, inTx bool, rec *Record, now time.Time, kd string) (*Claim, error) {
+// Inside a transaction (site inCallerTx or inDoTx) the status check does
+// not run: its verdict would live and die with that transaction, and the
+// transaction would hold its locks (on SQLite, the whole database) for the
+// whole check. A caller's transaction gets an *InProgressError; [Store.Do]
+// gets errStaleLease and resolves the record on the pool. A pool-level
+// claim, [Store.Acquire] or the [Reaper] settles the record.
+func (s *Store[TTx]) claimStale(ctx context.Context, exec Executor, site claimSite, rec *Record, now time.Time, kd string) (*Claim, error) {
 	takeOver := func(fromToken int64, cond TakeoverCondition) (*Claim, error) {
 		newTok := max(newToken(), fromToken+1)
 		err := exec.Takeover(ctx, &TakeoverParams{
@@ -239,37 +240,13 @@ func (s *Store[TTx]) claimStale(ctx context.Context, exec Executor, inTx bool, r
 			LeaseExpiresAt: now.Add(s.cfg.LeaseDuration)}, nil
 	}
 	switch {
-	case s.cfg.StatusCheck != nil && inTx:
-		return nil, &InProgressError{KeyDigest: kd, RetryAfter: time.Second, Cause: errStaleLease}
+	case s.cfg.StatusCheck != nil && site == inDoTx:
+		return nil, errStaleLease
+	case s.cfg.StatusCheck != nil && site == inCallerTx:
+		// InProgressError.Cause is only ever a driver's error: none here.
+		return nil, &InProgressError{KeyDigest: kd, RetryAfter: time.Second}
 	case s.cfg.StatusCheck != nil:
-		tok, err := s.reserveStale(ctx, exec, rec)
-		if err != nil {
-			return nil, err
-		}
-		var acquired *Claim
-		outcome, delay, err := s.resolveStale(ctx, exec, rec, now, tok, func() error {
-			c, err := takeOver(tok, TakeoverReserved)
-			acquired = c
-			return err
-		})
-		if err != nil {
-			return nil, fmt.Errorf("idem: resolve stale key %s: %w", kd, err)
-		}
-		switch outcome {
-		case resolvedNotCommitted:
-			return acquired, nil
-		case resolvedCommitted:
-			done, err := exec.Get(ctx, &GetParams{Scope: rec.Scope, Key: rec.Key, Now: s.now()})
-			if err == nil || !errors.Is(err, ErrNotFound) {
-				err = s.checkRead(ctx, done, err, kd)
-			}
-			if err != nil {
-				return nil, fmt.Errorf("idem: read recovered key %s: %w", kd, err)
-			}
-			return &Claim{Scope: rec.Scope, Key: rec.Key, Token: done.Token, Attempt: done.Attempt, Replay: done}, nil
-		default:
-			return nil, &InProgressError{KeyDigest: kd, RetryAfter: delay}
-		}
+		return s.checkStale(ctx, exec, rec, now, kd, takeOver)
 	case s.cfg.BlindTakeover:
 		c, err := takeOver(rec.Token, TakeoverLeaseExpired)
 		if err == nil {
@@ -282,6 +259,42 @@ func (s *Store[TTx]) claimStale(ctx context.Context, exec Executor, inTx bool, r
 		// Nothing will change by itself soon: suggest a lease's worth of
 		// patience rather than an immediate retry loop.
 		return nil, &InProgressError{KeyDigest: kd, RetryAfter: s.cfg.LeaseDuration}
+	}
+}
+
+// checkStale reserves a stale record, runs the status check and answers
+// the claimer from the verdict: the key handed over through takeOver, the
+// finalised record's replay, or in progress while the verdict is unknown.
+func (s *Store[TTx]) checkStale(ctx context.Context, exec Executor, rec *Record, now time.Time, kd string,
+	takeOver func(fromToken int64, cond TakeoverCondition) (*Claim, error),
+) (*Claim, error) {
+	tok, err := s.reserveStale(ctx, exec, rec)
+	if err != nil {
+		return nil, err
+	}
+	var acquired *Claim
+	outcome, delay, err := s.resolveStale(ctx, exec, rec, now, tok, func() error {
+		c, err := takeOver(tok, TakeoverReserved)
+		acquired = c
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idem: resolve stale key %s: %w", kd, err)
+	}
+	switch outcome {
+	case resolvedNotCommitted:
+		return acquired, nil
+	case resolvedCommitted:
+		done, err := exec.Get(ctx, &GetParams{Scope: rec.Scope, Key: rec.Key, Now: s.now()})
+		if err == nil || !errors.Is(err, ErrNotFound) {
+			err = s.checkRead(ctx, done, err, kd)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("idem: read recovered key %s: %w", kd, err)
+		}
+		return &Claim{Scope: rec.Scope, Key: rec.Key, Token: done.Token, Attempt: done.Attempt, Replay: done}, nil
+	default:
+		return nil, &InProgressError{KeyDigest: kd, RetryAfter: delay}
 	}
 }
 

@@ -22,6 +22,7 @@ func leaseCases[TTx any]() []testCase[TTx] {
 		{name: "LeaseUndecidedCheckKeepsProcessing", run: testLeaseUndecidedCheckKeepsProcessing[TTx]},
 		{name: "LeaseExpiredWithoutCheckStaysInProgress", run: testLeaseExpiredWithoutCheckStaysInProgress[TTx]},
 		{name: "LeaseBlindTakeover", run: testLeaseBlindTakeover[TTx]},
+		{name: "LeaseStaleInCallerTx", run: testLeaseStaleInCallerTx[TTx]},
 		{name: "LeaseConcurrentClaimersCheckOnce", run: testLeaseConcurrentClaimersCheckOnce[TTx]},
 		{name: "LeaseRenewAndRelease", run: testLeaseRenewAndRelease[TTx]},
 		{name: "LeaseKeepAliveOutlivesLeases", run: testLeaseKeepAliveOutlivesLeases[TTx]},
@@ -332,6 +333,43 @@ func testLeaseExpiredWithoutCheckStaysInProgress[TTx any](t *testing.T, h Harnes
 	require.ErrorIs(t, err, idem.ErrInProgress, "without a check an expired lease is never taken over")
 	// The holder can still finish: nobody took the key.
 	require.NoError(t, l.Complete(ctx, chargedResponse(key)))
+}
+
+// testLeaseStaleInCallerTx: a ClaimTx that meets a stale lease does not run
+// the status check inside the caller's transaction. It answers in progress
+// with no Cause (Cause is only ever the driver's error that ended a wait,
+// and none did), and the transaction stays usable. Do on the same key then
+// settles the record on the pool and runs its callback once.
+func testLeaseStaleInCallerTx[TTx any](t *testing.T, h Harness[TTx]) {
+	p := newProvider()
+	ctx, b, clk := leaseSetup(t, h, p.check)
+	key := newKey("stale-in-tx")
+	l, err := b.store.Acquire(ctx, "t1/pay", key, fp("x"))
+	require.NoError(t, err)
+	require.True(t, l.Acquired())
+	clk.advance(31 * time.Second)
+
+	tx := b.begin(ctx, t)
+	_, err = b.store.ClaimTx(ctx, tx, "t1/pay", key, fp("x"))
+	var ip *idem.InProgressError
+	require.ErrorAs(t, err, &ip)
+	require.Equal(t, time.Second, ip.RetryAfter)
+	require.NotEmpty(t, ip.KeyDigest)
+	require.False(t, ip.TxAborted)
+	require.NoError(t, ip.Cause, "no driver error ended a wait: Cause must be nil")
+	require.Zero(t, p.checked(), "the check must not run inside the caller's transaction")
+	require.NoError(t, b.ns.InsertOrder(ctx, tx, key+"-usable"), "the caller's transaction must still be usable")
+	require.NoError(t, b.ns.Dialect.Rollback(ctx, tx))
+
+	res, err := b.store.Do(ctx, "t1/pay", key, fp("x"), func(ctx context.Context, tx TTx) (*idem.Response, error) {
+		p.charge(key)
+		return chargedResponse(key), b.ns.InsertOrder(ctx, tx, key)
+	})
+	require.NoError(t, err)
+	require.False(t, res.Replayed, "a not-committed verdict hands the key to Do")
+	require.Equal(t, 1, p.checked())
+	require.Equal(t, 1, p.count(key))
+	require.Equal(t, 1, b.orders(ctx, t, key))
 }
 
 func testLeaseBlindTakeover[TTx any](t *testing.T, h Harness[TTx]) {

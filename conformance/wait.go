@@ -43,6 +43,7 @@ func testWaitTimeoutGivesInProgress[TTx any](t *testing.T, h Harness[TTx]) {
 		require.ErrorAs(t, err, &ip)
 		require.Positive(t, ip.RetryAfter)
 		require.NotEmpty(t, ip.KeyDigest)
+		require.Error(t, ip.Cause, "a wait that timed out carries the driver's error as Cause")
 
 		// The same wait inside a caller's transaction.
 		waiter := b.begin(ctx, t)
@@ -53,6 +54,7 @@ func testWaitTimeoutGivesInProgress[TTx any](t *testing.T, h Harness[TTx]) {
 		require.GreaterOrEqual(t, elapsed, wait-50*time.Millisecond)
 		require.Less(t, elapsed, upper)
 		require.Equal(t, b.feat.WaitAbortsTx, ip.TxAborted)
+		require.Error(t, ip.Cause, "a wait that timed out carries the driver's error as Cause")
 		if !ip.TxAborted {
 			require.NoError(t, b.ns.InsertOrder(ctx, waiter, "still-usable"), "the waiter's transaction must survive the timeout")
 		}

@@ -30,23 +30,21 @@ func (d *Dialect) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, 
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	d.st.claimBatch(b, p)
+	r := d.st.claimBatch(b, p)
 	br := conn.Conn().SendBatch(ctx, b)
 	tx := &pipeTx{tx: br.Tx(), conn: conn}
 	e := &executor{db: conn.Conn(), st: d.st} // inTx false: readBounded reads BEGIN first
-	cr := claimReader{p: p, st: d.st}
-	err = e.readBounded(ctx, br, p.WaitTimeout, 0, cr.readInsert, func(br pgx.BatchResults) error {
-		return cr.readRecord(ctx, br)
+	err = e.readBounded(ctx, br, p.WaitTimeout, 0, r.readFirst, func(br pgx.BatchResults) error {
+		return r.readSecond(ctx, br)
 	})
 	if closeErr := br.Close(); err == nil && closeErr != nil {
 		err = interpretError(ctx, closeErr)
 	}
+	var res *idem.ClaimResult
 	if err == nil {
 		// A held lock, or a server whose default isolation is not READ
 		// COMMITTED: one more round trip, on this transaction only.
-		var res *idem.ClaimResult
-		res, err = cr.finish(ctx, tx)
-		cr.res = res
+		res, err = r.answer().finish(ctx, d.st, tx, p)
 	}
 	if err != nil {
 		if inProgress, ok := errors.AsType[*idem.InProgressError](err); ok {
@@ -54,7 +52,7 @@ func (d *Dialect) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, 
 		}
 		return tx, nil, err
 	}
-	return tx, cr.res, nil
+	return tx, res, nil
 }
 
 // CompleteCommit stores the response and commits tx in one round trip: the

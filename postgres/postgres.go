@@ -142,29 +142,56 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	if !e.inTx {
 		b.BeginTx(pgx.TxOptions{})
 	}
-	e.st.claimBatch(b, p)
-
-	cr := claimReader{p: p, st: e.st}
-	if err := e.sendBounded(ctx, b, p.WaitTimeout, 0, cr.readInsert, func(br pgx.BatchResults) error {
-		return cr.readRecord(ctx, br)
+	r := e.st.claimBatch(b, p)
+	if err := e.sendBounded(ctx, b, p.WaitTimeout, 0, r.readFirst, func(br pgx.BatchResults) error {
+		return r.readSecond(ctx, br)
 	}); err != nil {
 		return nil, err
 	}
-	return cr.finish(ctx, e.db)
+	return r.answer().finish(ctx, e.st, e.db, p)
 }
 
-// finish completes a claim whose batch was read: a deferred claim that met
-// the key's lock held waits for it, one that cannot trust its snapshot
-// inserts after all; tx is the claim's transaction.
-func (cr *claimReader) finish(ctx context.Context, tx dbtx) (*idem.ClaimResult, error) {
-	switch {
-	case cr.waitForLock:
-		return cr.st.claimDeferredBounded(ctx, tx, cr.p)
-	case cr.insertAfterAll:
-		return cr.st.claimInserting(ctx, tx, cr.p)
+// claimNext is what a claim batch, once read, leaves to do.
+type claimNext int
+
+const (
+	// claimDone: the answer's res is the claim's result.
+	claimDone claimNext = iota
+	// claimWaitForLock: a deferred claim's claimTryLock found the key's
+	// lock held; the claim waits for it (claimDeferredBounded).
+	claimWaitForLock
+	// claimInsertAfterAll: a deferred claim found no record in a snapshot
+	// that may predate the lock (see claimLock); the claim inserts after
+	// all (claimInserting).
+	claimInsertAfterAll
+)
+
+// claimAnswer is what a claim batch's reader made of its results.
+type claimAnswer struct {
+	res  *idem.ClaimResult
+	next claimNext
+}
+
+func (a *claimAnswer) answer() *claimAnswer { return a }
+
+// finish completes the claim p whose batch answered a, in tx, the claim's
+// transaction.
+func (a *claimAnswer) finish(ctx context.Context, st *statements, tx dbtx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
+	switch a.next {
+	case claimWaitForLock:
+		return st.claimDeferredBounded(ctx, tx, p)
+	case claimInsertAfterAll:
+		return st.claimInserting(ctx, tx, p)
 	default:
-		return cr.res, nil
+		return a.res, nil
 	}
+}
+
+// claimReader reads the two results of one shape of claim batch, in order.
+type claimReader interface {
+	readFirst(br pgx.BatchResults) error
+	readSecond(ctx context.Context, br pgx.BatchResults) error
+	answer() *claimAnswer
 }
 
 // claimDeferredBounded is a deferred claim that waits for the key's lock,
@@ -174,13 +201,13 @@ func (st *statements) claimDeferredBounded(ctx context.Context, tx dbtx, p *idem
 	b := &pgx.Batch{}
 	b.Queue(st.claimLock, p.Scope, p.Key, lockTimeout(p.WaitTimeout))
 	b.Queue(st.claimRead, p.Scope, p.Key, pinnedNow(p.Now))
-	cr := claimReader{p: p, st: st, bounded: true}
-	if err := e.sendBounded(ctx, b, p.WaitTimeout, 0, cr.readInsert, func(br pgx.BatchResults) error {
-		return cr.readRecord(ctx, br)
+	r := &lockReader{p: p}
+	if err := e.sendBounded(ctx, b, p.WaitTimeout, 0, r.readFirst, func(br pgx.BatchResults) error {
+		return r.readSecond(ctx, br)
 	}); err != nil {
 		return nil, err
 	}
-	return cr.finish(ctx, tx)
+	return r.finish(ctx, st, tx, p)
 }
 
 // claimInserting claims with an insert in tx, after a deferred claim found
@@ -195,186 +222,203 @@ func (st *statements) claimInserting(ctx context.Context, tx dbtx, p *idem.Claim
 }
 
 // claimBatch queues the claim's two statements on b, after what b already
-// holds: set lock_timeout and insert, restore lock_timeout and read; for a
-// deferred claim, try the key's lock and read.
-func (st *statements) claimBatch(b *pgx.Batch, p *idem.ClaimParams) {
+// holds, and returns the reader of their results: set lock_timeout and
+// insert, restore lock_timeout and read; for a deferred claim, try the key's
+// lock and read.
+func (st *statements) claimBatch(b *pgx.Batch, p *idem.ClaimParams) claimReader {
 	now := pinnedNow(p.Now)
 	if p.Defer {
 		b.Queue(st.claimTryLock, p.Scope, p.Key, now)
 		b.Queue(st.claimReadLocked, p.Scope, p.Key)
-		return
+		return &tryLockReader{p: p}
 	}
 	b.Queue(st.claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
 		p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now, lockTimeout(p.WaitTimeout))
 	b.Queue(st.claimRead, p.Scope, p.Key, now)
+	return &insertReader{p: p}
 }
 
-// claimReader reads the results of the claim's insert (or lock) and read.
-type claimReader struct {
-	p          *idem.ClaimParams
-	st         *statements
-	notCreated bool
-	res        *idem.ClaimResult
+// insertReader reads [claimInsert; claimRead].
+type insertReader struct {
+	p        *idem.ClaimParams
+	inserted bool
 	// Set by the insert when it inserted.
 	leaseExpiresAt, createdAt, expiresAt time.Time
-	// isolation is the transaction's isolation level, read by a deferred
-	// claim's lock statement.
-	isolation string
-	// insertAfterAll is set when a deferred claim found no record in a
-	// snapshot that may predate the lock: the caller claims with an insert.
-	insertAfterAll bool
-	// waitForLock is set when a deferred claim's claimTryLock found the
-	// key's lock held: the caller waits for it (claimDeferredBounded).
-	waitForLock bool
-	// bounded marks the reader of claimDeferredBounded, whose first
-	// statement is claimLock.
-	bounded bool
-	// now is the clock claimTryLock read.
-	now time.Time
+	claimAnswer
 }
 
-func (cr *claimReader) readInsert(br pgx.BatchResults) error {
-	if cr.p.Defer {
-		cr.notCreated = true // nothing inserted: the read decides
-		if cr.bounded {
-			return br.QueryRow().Scan(&cr.isolation)
-		}
-		var locked bool
-		if err := br.QueryRow().Scan(&locked, &cr.isolation, &cr.now); err != nil {
-			return err
-		}
-		cr.waitForLock = !locked
-		return nil
+func (r *insertReader) readFirst(br pgx.BatchResults) error {
+	err := br.QueryRow().Scan(&r.leaseExpiresAt, &r.createdAt, &r.expiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // a record exists: the read decides
 	}
-	err := br.QueryRow().Scan(&cr.leaseExpiresAt, &cr.createdAt, &cr.expiresAt)
-	if errors.Is(err, pgx.ErrNoRows) { // a record exists
-		cr.notCreated = true
-		return nil
-	}
+	r.inserted = err == nil
 	return err
 }
 
-// readRecord reads claimRead's one row, whose record columns are NULL
-// when the record vanished ([idem.ErrNotFound]).
-func (cr *claimReader) readRecord(ctx context.Context, br pgx.BatchResults) error {
-	if cr.p.Defer && !cr.bounded {
-		return cr.readLocked(ctx, br)
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return interpretError(ctx, err)
-	}
-	defer rows.Close()
-	if !rows.Next() {
-		if err := rows.Err(); err != nil {
-			return interpretError(ctx, err)
-		}
-		return fmt.Errorf("idem: postgres: claim read returned no row")
-	}
-	if !cr.notCreated {
+func (r *insertReader) readSecond(ctx context.Context, br pgx.BatchResults) error {
+	if r.inserted {
 		// The record is the one the insert wrote: every value is known.
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return interpretError(ctx, err)
+		rows, err := openClaimRow(ctx, br)
+		if err != nil {
+			return err
 		}
-		p := cr.p
-		created := cr.createdAt.UTC()
-		cr.res = &idem.ClaimResult{Created: true, Now: created, Record: &idem.Record{
+		if err := closeRows(ctx, rows); err != nil {
+			return err
+		}
+		p := r.p
+		created := r.createdAt.UTC()
+		r.res = &idem.ClaimResult{Created: true, Now: created, Record: &idem.Record{
 			Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
 			Status: idem.StatusProcessing, Token: p.Token, Attempt: 1,
-			LeaseExpiresAt: cr.leaseExpiresAt.UTC(), CreatedAt: created, UpdatedAt: created,
-			ExpiresAt: cr.expiresAt.UTC(),
+			LeaseExpiresAt: r.leaseExpiresAt.UTC(), CreatedAt: created, UpdatedAt: created,
+			ExpiresAt: r.expiresAt.UTC(),
 		}}
 		return nil
 	}
-	if rows.RawValues()[0] == nil {
-		if cr.p.Defer {
-			return cr.readFree(ctx, rows)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return interpretError(ctx, err)
-		}
-		return idem.ErrNotFound
-	}
-	var now time.Time
-	rec, err := scanRecord(ctx, rows, &now)
+	rec, now, err := readClaimRow(ctx, br)
 	if err != nil {
 		return err
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return interpretError(ctx, err)
+	if rec == nil {
+		return idem.ErrNotFound // the conflicting record vanished
 	}
-	cr.res = &idem.ClaimResult{Record: rec, Created: false, Now: now.UTC()}
+	r.res = &idem.ClaimResult{Record: rec, Now: now}
 	return nil
 }
 
-// readLocked reads claimReadLocked's result: the record, or no row when
+// tryLockReader reads a deferred claim's [claimTryLock; claimReadLocked].
+type tryLockReader struct {
+	p         *idem.ClaimParams
+	locked    bool
+	isolation string
+	now       time.Time
+	claimAnswer
+}
+
+func (r *tryLockReader) readFirst(br pgx.BatchResults) error {
+	return br.QueryRow().Scan(&r.locked, &r.isolation, &r.now)
+}
+
+// readSecond reads claimReadLocked's result: the record, or no row when
 // the key is free.
-func (cr *claimReader) readLocked(ctx context.Context, br pgx.BatchResults) error {
+func (r *tryLockReader) readSecond(ctx context.Context, br pgx.BatchResults) error {
 	rows, err := br.Query()
 	if err != nil {
 		return interpretError(ctx, err)
 	}
 	defer rows.Close()
-	if cr.waitForLock || !rows.Next() {
+	if !r.locked || !rows.Next() {
 		// Without the lock the read proves nothing; with it, no row
 		// means the key is free.
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return interpretError(ctx, err)
+		if err := closeRows(ctx, rows); err != nil {
+			return err
 		}
-		if cr.waitForLock {
+		if !r.locked {
+			r.next = claimWaitForLock
 			return nil
 		}
-		return cr.free()
+		r.claimAnswer = acquireFree(r.p, r.isolation, r.now)
+		return nil
 	}
 	rec, err := scanRecord(ctx, rows)
 	if err != nil {
 		return err
 	}
+	if err := closeRows(ctx, rows); err != nil {
+		return err
+	}
+	r.res = &idem.ClaimResult{Record: rec, Created: false, Now: r.now.UTC()}
+	return nil
+}
+
+// lockReader reads a bounded deferred claim's [claimLock; claimRead].
+type lockReader struct {
+	p         *idem.ClaimParams
+	isolation string
+	claimAnswer
+}
+
+func (r *lockReader) readFirst(br pgx.BatchResults) error {
+	return br.QueryRow().Scan(&r.isolation)
+}
+
+func (r *lockReader) readSecond(ctx context.Context, br pgx.BatchResults) error {
+	rec, now, err := readClaimRow(ctx, br)
+	if err != nil {
+		return err
+	}
+	if rec == nil {
+		r.claimAnswer = acquireFree(r.p, r.isolation, now)
+		return nil
+	}
+	r.res = &idem.ClaimResult{Record: rec, Created: false, Now: now}
+	return nil
+}
+
+// openClaimRow runs claimRead's query and moves to its one row.
+func openClaimRow(ctx context.Context, br pgx.BatchResults) (pgx.Rows, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, interpretError(ctx, err)
+	}
+	if !rows.Next() {
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, interpretError(ctx, err)
+		}
+		return nil, fmt.Errorf("idem: postgres: claim read returned no row")
+	}
+	return rows, nil
+}
+
+// readClaimRow reads claimRead's one row: the record and the clock, or a
+// nil record when its columns are NULL (no record for the key).
+func readClaimRow(ctx context.Context, br pgx.BatchResults) (*idem.Record, time.Time, error) {
+	rows, err := openClaimRow(ctx, br)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	defer rows.Close()
+	var now time.Time
+	if rows.RawValues()[0] == nil {
+		var dest [recordColumnCount + 1]any // nil destinations skip the NULL record columns
+		dest[recordColumnCount] = &now
+		if err := rows.Scan(dest[:]...); err != nil {
+			return nil, time.Time{}, interpretError(ctx, err)
+		}
+		return nil, now, closeRows(ctx, rows)
+	}
+	rec, err := scanRecord(ctx, rows, &now)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return rec, now.UTC(), closeRows(ctx, rows)
+}
+
+// closeRows closes rows and reports the error that ended them.
+func closeRows(ctx context.Context, rows pgx.Rows) error {
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return interpretError(ctx, err)
 	}
-	cr.res = &idem.ClaimResult{Record: rec, Created: false, Now: cr.now.UTC()}
 	return nil
 }
 
-// readFree finishes a bounded deferred claim whose claimRead found no
-// record (its record columns NULL): the clock is the last column.
-func (cr *claimReader) readFree(ctx context.Context, rows pgx.Rows) error {
-	var dest [recordColumnCount + 1]any
-	dest[recordColumnCount] = &cr.now
-	err := rows.Scan(dest[:]...)
-	rows.Close()
-	if err == nil {
-		err = rows.Err()
-	}
-	if err != nil {
-		return interpretError(ctx, err)
-	}
-	return cr.free()
-}
-
-// free acquires a deferred claim on a free key, at cr.now: its lock is
+// acquireFree acquires a deferred claim on a free key, at now: its lock is
 // held, so nothing is written. Unless the snapshot may predate the lock
-// (see claimLock): then insertAfterAll.
-func (cr *claimReader) free() error {
-	if cr.isolation != "read committed" {
-		cr.insertAfterAll = true
-		return nil
+// (see claimLock): then the claim inserts after all.
+func acquireFree(p *idem.ClaimParams, isolation string, now time.Time) claimAnswer {
+	if isolation != "read committed" {
+		return claimAnswer{next: claimInsertAfterAll}
 	}
-	p := cr.p
-	now := cr.now.UTC().Truncate(time.Microsecond)
-	cr.res = &idem.ClaimResult{Created: true, Deferred: true, Now: now, Record: &idem.Record{
+	now = now.UTC().Truncate(time.Microsecond)
+	return claimAnswer{res: &idem.ClaimResult{Created: true, Deferred: true, Now: now, Record: &idem.Record{
 		Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
 		Status: idem.StatusProcessing, Token: p.Token, Attempt: 1,
 		LeaseExpiresAt: now.Add(p.LeaseDuration.Truncate(time.Microsecond)), CreatedAt: now, UpdatedAt: now,
 		ExpiresAt: now.Add(p.Retention.Truncate(time.Microsecond)),
-	}}
-	return nil
+	}}}
 }
 
 // Takeover replaces the record while it still carries p.Token and meets

@@ -239,48 +239,14 @@ func claimDeferred(ctx context.Context, e *executor, p *idem.ClaimParams) (*idem
 }
 
 // claimOnConn runs the claim in a BEGIN IMMEDIATE transaction on a
-// connection of its own, with the connection's busy timeout set to
+// connection of its own (onConn), with the connection's busy timeout set to
 // p.WaitTimeout while it waits for the write lock, then restored.
-//
-// A connection whose state is unknown (a statement interrupted by ctx, a
-// failed ROLLBACK or restore) is discarded rather than returned to the pool,
-// where it could hold the write lock or the wrong busy timeout forever.
 func (e *executor) claimOnConn(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimResult, error) {
-	conn, err := e.pool.Conn(ctx)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	// Cleanup runs even when ctx is done.
-	cleanupCtx := context.WithoutCancel(ctx)
-	clean := false
-	defer func() {
-		if !clean {
-			// Raw returning driver.ErrBadConn makes database/sql close the
-			// connection instead of pooling it; closing rolls back any
-			// transaction open on it.
-			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-		}
-		_ = conn.Close()
-	}()
-
-	var prev int
-	if err := conn.QueryRowContext(ctx, busyTimeoutGet).Scan(&prev); err != nil {
-		return nil, interpretError(err)
-	}
-	wait := busyMillis(p.WaitTimeout)
-	if wait != prev {
-		if err := setBusyTimeout(ctx, conn, wait); err != nil {
-			return nil, interpretError(err)
-		}
-	}
-
-	res, clean, err := claimInTx(ctx, conn, p)
-
-	if wait != prev {
-		if rerr := setBusyTimeout(cleanupCtx, conn, prev); rerr != nil {
-			clean = false
-		}
-	}
+	var res *idem.ClaimResult
+	err := e.onConn(ctx, func(int) int { return busyMillis(p.WaitTimeout) }, func(conn *sql.Conn, _ int) (clean bool, err error) {
+		res, clean, err = claimInTx(ctx, conn, p)
+		return clean, err
+	})
 	return res, err
 }
 
@@ -567,16 +533,16 @@ func (e *executor) DeleteExpired(ctx context.Context, p *idem.DeleteExpiredParam
 // retries every reapPoll until the connection's own busy timeout has passed.
 // It returns how long the statement that ran took.
 func (e *executor) deleteExpiredOnConn(ctx context.Context, now time.Time, limit int) (n int, held time.Duration, err error) {
-	err = e.onConn(ctx, func(int) int { return 0 }, func(conn *sql.Conn, prev int) error {
+	err = e.onConn(ctx, func(int) int { return 0 }, func(conn *sql.Conn, prev int) (bool, error) {
 		deadline := time.Now().Add(time.Duration(prev) * time.Millisecond)
 		for {
 			var err error
 			n, held, err = deleteExpired(ctx, conn, now, limit)
 			if !isBusy(err) || !time.Now().Add(reapPoll).Before(deadline) {
-				return err
+				return autocommitted(err), err
 			}
 			if !sleepCtx(ctx, reapPoll) {
-				return interpretError(ctx.Err())
+				return autocommitted(ctx.Err()), interpretError(ctx.Err())
 			}
 		}
 	})
@@ -593,23 +559,24 @@ func (e *executor) execWait(ctx context.Context, wait time.Duration, query strin
 		return e.h.ExecContext(ctx, query, args...)
 	}
 	var res sql.Result
-	err := e.onConn(ctx, func(int) int { return busyMillis(wait) }, func(conn *sql.Conn, _ int) error {
+	err := e.onConn(ctx, func(int) int { return busyMillis(wait) }, func(conn *sql.Conn, _ int) (bool, error) {
 		var err error
 		res, err = conn.ExecContext(ctx, query, args...)
-		return err
+		return autocommitted(err), err
 	})
 	return res, err
 }
 
 // onConn runs fn on a connection of its own whose busy timeout is
 // busy(prev) while fn runs, prev being the connection's own, then restored.
-// fn must run autocommit statements only, which leave no transaction behind
-// when they succeed or SQLite refuses them. After any other failure (a
-// statement interrupted by ctx), or a failed restore, the connection is
-// discarded rather than returned to the pool with an unknown busy timeout,
-// as in claimOnConn. fn's error is returned unchanged; onConn's own are
+// fn reports whether it left conn clean: outside any transaction, as
+// autocommit statements that succeed or that SQLite refuses leave it
+// (autocommitted). A connection whose state is unknown (a statement
+// interrupted by ctx, a failed ROLLBACK or restore) is discarded rather than
+// returned to the pool, where it could hold the write lock or the wrong busy
+// timeout forever. fn's error is returned unchanged; onConn's own are
 // classified by interpretError.
-func (e *executor) onConn(ctx context.Context, busy func(prev int) int, fn func(conn *sql.Conn, prev int) error) error {
+func (e *executor) onConn(ctx context.Context, busy func(prev int) int, fn func(conn *sql.Conn, prev int) (clean bool, err error)) error {
 	conn, err := e.pool.Conn(ctx)
 	if err != nil {
 		return interpretError(err)
@@ -617,6 +584,9 @@ func (e *executor) onConn(ctx context.Context, busy func(prev int) int, fn func(
 	clean := false
 	defer func() {
 		if !clean {
+			// Raw returning driver.ErrBadConn makes database/sql close the
+			// connection instead of pooling it; closing rolls back any
+			// transaction open on it.
 			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		}
 		_ = conn.Close()
@@ -632,8 +602,7 @@ func (e *executor) onConn(ctx context.Context, busy func(prev int) int, fn func(
 			return interpretError(err)
 		}
 	}
-	err = fn(conn, prev)
-	clean = err == nil || isSQLiteError(err)
+	clean, err = fn(conn, prev)
 	if ms != prev {
 		if rerr := setBusyTimeout(context.WithoutCancel(ctx), conn, prev); rerr != nil {
 			clean = false
@@ -641,6 +610,11 @@ func (e *executor) onConn(ctx context.Context, busy func(prev int) int, fn func(
 	}
 	return err
 }
+
+// autocommitted reports whether an autocommit statement that ended with err
+// left its connection outside any transaction: it succeeded, or SQLite
+// refused it.
+func autocommitted(err error) bool { return err == nil || isSQLiteError(err) }
 
 // deleteExpired runs expiredDelete on h and returns the count and how long
 // the statement took.

@@ -1,0 +1,262 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/idemstore/idem/internal/digest"
+)
+
+// Result is what [Store.Do] answers.
+type Result struct {
+	// Response is the callback's response, or the stored one on a replay.
+	Response *Response
+	// Replayed is true when Response was stored by an earlier request and
+	// the callback did not run.
+	Replayed bool
+	// Status is the stored record's status: StatusSucceeded, or
+	// StatusFailed for a failure stored as final (see [FinalFailure]).
+	Status Status
+}
+
+// FinalFailureError carries a response that [Store.Do] stores as a final
+// failure; build it with [FinalFailure].
+type FinalFailureError struct {
+	Response *Response
+}
+
+// Error implements error.
+func (e *FinalFailureError) Error() string {
+	if e.Response == nil {
+		return "idem: final failure without a response"
+	}
+	return fmt.Sprintf("idem: final failure with status %d", e.Response.StatusCode)
+}
+
+// FinalFailure returns an error that tells [Store.Do] to store resp as a
+// final failure and commit the transaction, instead of rolling it back: for a
+// failure whose effects must stand (a declined payment recorded in the same
+// transaction), so that retries replay resp instead of running again. Do then
+// returns a nil error and a Result with Status StatusFailed.
+func FinalFailure(resp *Response) error { return &FinalFailureError{Response: resp} }
+
+// Do runs fn exactly once per (scope, key, fp) across every process sharing
+// the table: it begins a transaction, claims the key in it, runs fn with the
+// transaction, stores fn's response and commits, so the business rows and the
+// stored response commit together. A retry with the same fingerprint gets the
+// stored response (Result.Replayed) without running fn.
+//
+// fn must touch the database only through tx, and nothing outside it: Do
+// runs it again when the transaction fails with [ErrRetryable] (a deadlock
+// or serialization failure), up to Config.MaxTxRetries times. Work with
+// outside side effects must use [Store.Claim] and [Store.Complete] instead.
+//
+// If fn returns an error or panics, the transaction rolls back, nothing is
+// stored, the key is free again, and the error (or panic) reaches the caller,
+// except for an error made by [FinalFailure], whose response is stored as a
+// final failure and committed.
+// A response (or FinalFailure response) that cannot be stored rolls the
+// transaction back with [ErrInvalidResponse]; it is not retried.
+// An error from fn that matches [ErrRetryable] is retried like idem's own;
+// so is a driver error of fn's own statements that the dialect's
+// [ErrorClassifier] classifies as retryable (package mysql: a deadlock, or a
+// certification failure on Galera), and fn's errors reach the caller so
+// classified (see [Store.Classify]).
+// Other errors are those of [Store.Claim].
+//
+// On a dialect that implements [TxPipeliner] (postgres), BEGIN is sent with
+// the claim and the completion with COMMIT, saving two round trips. On
+// PostgreSQL and SQLite the claim writes nothing: Do holds a lock on the key
+// (an advisory lock; SQLite's write lock) and the completion inserts the
+// finished record, one row version instead of an insert and an update (see
+// docs/design.md). fn therefore does not find the key's record through
+// [Store.GetTx] while it runs.
+func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
+	if err := validate(scope, key); err != nil {
+		return nil, err
+	}
+	if fn == nil {
+		return nil, errors.New("idem: Do needs a callback")
+	}
+	for try := 0; ; try++ {
+		res, err := s.doOnce(ctx, scope, key, fp, fn)
+		if err == nil || !errors.Is(err, ErrRetryable) || try >= s.cfg.MaxTxRetries || ctx.Err() != nil {
+			return res, err
+		}
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: retrying transaction",
+			slog.String("key", digest.Key(scope, key)), slog.Int("try", try+1))
+		if err := sleepCtx(ctx, backoff(try)); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// doFunc is the callback of [Store.Do].
+type doFunc[TTx any] = func(ctx context.Context, tx TTx) (*Response, error)
+
+// doTx is the transaction of one try of Do.
+type doTx[TTx any] struct {
+	tx TTx
+	// open is true from the begin until the commit is sent: until then an
+	// early return, an error or a panic rolls tx back.
+	open bool
+}
+
+// rollbackDo rolls t back if it is open, even when ctx is cancelled. After
+// a failed BeginClaim this is harmless (its contract).
+func (s *Store[TTx]) rollbackDo(ctx context.Context, t *doTx[TTx]) {
+	if t.open {
+		t.open = false
+		_ = s.dialect.Rollback(context.WithoutCancel(ctx), t.tx)
+	}
+}
+
+// doOnce is one try of Do: its own transaction, the claim in it, fn, the
+// completion and the commit.
+func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerprint, fn doFunc[TTx]) (*Result, error) {
+	pipe, piped := s.dialect.(TxPipeliner[TTx])
+	var t doTx[TTx]
+	defer s.rollbackDo(ctx, &t) // runs during panics too
+	var (
+		c     *Claim
+		err   error
+		start = s.observeStart()
+	)
+	if piped {
+		c, err = s.beginClaimPipelined(ctx, pipe, &t, scope, key, fp)
+	} else {
+		c, err = s.beginAndClaim(ctx, &t, scope, key, fp)
+	}
+	if s.cfg.Observer != nil && !errors.Is(err, errStaleLease) {
+		// A failed BEGIN counts as the claim's outcome; a stale lease is
+		// reported by doStale's pool-level claim.
+		s.observeClaim(ctx, start, scope, key, c, err)
+	}
+	if errors.Is(err, errStaleLease) {
+		// A crashed leased holder's record: the status check must not run
+		// inside this transaction (its verdict would roll back with it, and
+		// it would hold locks for the whole check). Resolve on the pool.
+		s.rollbackDo(ctx, &t)
+		return s.doStale(ctx, scope, key, fp, fn)
+	}
+	if err != nil || !c.Acquired() {
+		return doAnswer(c, err)
+	}
+	status, resp, err := s.runFn(ctx, t.tx, c, fn)
+	if err != nil {
+		return nil, err
+	}
+	if !piped {
+		return s.completeAndCommit(ctx, &t, c, status, resp)
+	}
+	// The completion and COMMIT in one round trip. On an error nothing was
+	// committed (unless COMMIT's outcome is unknown, as with Commit) and the
+	// deferred Rollback is harmless.
+	if err := s.completeCommit(ctx, pipe, t.tx, c, status, resp); err != nil {
+		return nil, err
+	}
+	t.open = false
+	return &Result{Response: resp, Status: status}, nil
+}
+
+// beginAndClaim begins t and claims the key in it.
+func (s *Store[TTx]) beginAndClaim(ctx context.Context, t *doTx[TTx], scope, key string, fp Fingerprint) (*Claim, error) {
+	tx, err := s.dialect.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idem: begin: %w", err)
+	}
+	t.tx, t.open = tx, true
+	return s.claim(ctx, s.dialect.Tx(tx), inDoTx, scope, key, fp)
+}
+
+// beginClaimPipelined sends BEGIN and the first claim statement in one round
+// trip; any later claim statement (a retry, a takeover) runs in the same
+// transaction, through the same decision table as claim.
+func (s *Store[TTx]) beginClaimPipelined(ctx context.Context, pipe TxPipeliner[TTx], t *doTx[TTx], scope, key string, fp Fingerprint) (*Claim, error) {
+	p := s.claimParams(scope, key, fp, inDoTx)
+	tx, res, err := pipe.BeginClaim(ctx, p)
+	t.tx, t.open = tx, true
+	return s.settleClaim(ctx, s.dialect.Tx(tx), inDoTx, p, res, err)
+}
+
+// doAnswer is Do's answer when fn is not to run: the claim's error, or the
+// replay of the stored record.
+func doAnswer(c *Claim, err error) (*Result, error) {
+	if inProgress, ok := errors.AsType[*InProgressError](err); ok && inProgress.TxAborted {
+		// Do rolls its own transaction back: nothing is left for the caller to do.
+		out := *inProgress
+		out.TxAborted = false
+		return nil, &out
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Result{Response: c.Replay.Response, Replayed: true, Status: c.Replay.Status}, nil
+}
+
+// runFn runs fn in tx and says what to store: fn's response as a success,
+// or the response of a [FinalFailure] error as a failure.
+func (s *Store[TTx]) runFn(ctx context.Context, tx TTx, c *Claim, fn doFunc[TTx]) (Status, *Response, error) {
+	resp, err := fn(withDoClaim(ctx, c), tx)
+	status := StatusSucceeded
+	if final, ok := errors.AsType[*FinalFailureError](err); ok {
+		resp, err, status = final.Response, nil, StatusFailed
+	}
+	if err != nil {
+		// fn's own statements can meet a conflict (on Galera, a
+		// certification failure at any statement): Do retries it only
+		// if it matches ErrRetryable.
+		return status, nil, s.Classify(err)
+	}
+	if resp == nil {
+		return status, nil, errors.New("idem: Do callback returned a nil response and no error")
+	}
+	return status, resp, nil
+}
+
+// completeAndCommit completes c in t with resp and commits t. Once the
+// commit is sent t is no longer open: its outcome may be unknown, so it is
+// neither rolled back nor, in doStale, is the claim released; a committed
+// claim left processing is settled after its lease by the status check.
+func (s *Store[TTx]) completeAndCommit(ctx context.Context, t *doTx[TTx], c *Claim, status Status, resp *Response) (*Result, error) {
+	if err := s.complete(ctx, s.dialect.Tx(t.tx), c, status, resp); err != nil {
+		return nil, err
+	}
+	t.open = false
+	if err := s.dialect.Commit(ctx, t.tx); err != nil {
+		return nil, fmt.Errorf("idem: commit key %s: %w", digest.Key(c.Scope, c.Key), err)
+	}
+	return &Result{Response: resp, Status: status}, nil
+}
+
+// doStale finishes a Do whose key holds a stale lease: a pool-level claim
+// resolves it through the status check, committing the verdict; if the key
+// is handed over to this call, fn runs in a transaction of its own and the
+// committed claim is completed there, fenced by its token, or released when
+// fn fails (its writes rolled back, so the key is free again).
+func (s *Store[TTx]) doStale(ctx context.Context, scope, key string, fp Fingerprint, fn doFunc[TTx]) (*Result, error) {
+	c, err := s.Claim(ctx, scope, key, fp)
+	if err != nil || !c.Acquired() {
+		return doAnswer(c, err)
+	}
+	tx, err := s.dialect.Begin(ctx)
+	if err != nil {
+		_ = s.Release(context.WithoutCancel(ctx), c)
+		return nil, fmt.Errorf("idem: begin: %w", err)
+	}
+	t := &doTx[TTx]{tx: tx, open: true}
+	defer func() {
+		if t.open {
+			// Runs during panics too: the writes roll back, the key is freed.
+			s.rollbackDo(ctx, t)
+			_ = s.Release(context.WithoutCancel(ctx), c)
+		}
+	}()
+	status, resp, err := s.runFn(ctx, tx, c, fn)
+	if err != nil {
+		return nil, err
+	}
+	return s.completeAndCommit(ctx, t, c, status, resp)
+}
