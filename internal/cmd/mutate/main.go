@@ -49,7 +49,7 @@ import (
 // defaultFiles is the decision code: the Store's claim and completion logic,
 // the lease, the reaper, and each dialect's claim and completion SQL.
 var defaultFiles = []string{
-	"store.go", "lease.go", "reaper.go",
+	"store.go", "claim.go", "do.go", "config.go", "lease.go", "reaper.go",
 	"postgres/queries.go", "postgres/postgres.go",
 	"mysql/queries.go", "mysql/mysql.go",
 	"sqlite/queries.go", "sqlite/sqlite.go",
