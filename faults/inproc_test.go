@@ -157,7 +157,11 @@ func inprocStart[TTx any](t *testing.T, dialect string, d idem.Dialect[TTx], rep
 	mux.Handle("POST "+inprocPayments, payments.Wrap(http.HandlerFunc(a.pay)))
 	srv := httptest.NewServer(mux)
 	svc.URL = srv.URL
-	tr := &http.Transport{MaxIdleConns: 64, MaxIdleConnsPerHost: 64}
+	// Idle connections close after a second: a burst of slow requests
+	// (a checkpoint, the reaper's batch) opens connections that would
+	// otherwise stay idle for the rest of the run, three goroutines each,
+	// which the soak's goroutine count would read as a leak.
+	tr := &http.Transport{MaxIdleConns: 64, MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Second}
 	svc.client = &http.Client{Transport: tr, Timeout: 2 * cfg.Timeout}
 
 	reapCtx, stopReaper := context.WithCancel(context.Background())
