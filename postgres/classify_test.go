@@ -76,7 +76,7 @@ func TestClassify(t *testing.T) {
 // dialect classified callback errors, the victim got a raw 40P01.
 func TestDoRetriesDeadlockOfCallback(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, pgx.QueryExecModeCacheStatement)
+	ctx, b := setup(t, defaultMode)
 	stock, orders := b.schema+".stock", b.schema+".orders"
 	_, err := b.pool.Exec(ctx, `CREATE TABLE `+stock+` (id int PRIMARY KEY, n int NOT NULL);
 		INSERT INTO `+stock+` VALUES (1, 0), (2, 0);

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemstore/idem"
@@ -20,7 +19,7 @@ import (
 // error's class, SQLSTATE and the key's digest, never the text.
 func TestReaperLogsNoDriverText(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, pgx.QueryExecModeCacheStatement)
+	ctx, b := setup(t, defaultMode)
 	const scope, key = "tenant-acme-secret/orders", "order-key-collides-0123456789"
 	_, err := b.pool.Exec(ctx, `
 		CREATE FUNCTION `+b.schema+`.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
