@@ -94,6 +94,14 @@ stop_all() {
 		fi
 		wait "$pid" 2>/dev/null || true
 	done
+	# A node that never finished joining (a state transfer that hung) writes no pid file: stop
+	# whatever still runs with this run's directory on its command line (mariadbd, the SST's
+	# rsync), so that nothing outlives the run and holds its ports.
+	if pgrep -f -- "$DIR/" >/dev/null 2>&1; then
+		echo "galera: stopping leftover processes of $DIR" >&2
+		pkill -KILL -f -- "$DIR/" 2>/dev/null || true
+		sleep 1
+	fi
 	if [ "${GALERA_KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then
 		echo "galera: logs kept in $DIR (n*/error.log)" >&2
 		if [ "$rc" != 0 ]; then
