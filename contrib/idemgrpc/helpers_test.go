@@ -34,6 +34,7 @@ import (
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/contrib/idemgrpc"
+	"github.com/idemstore/idem/internal/storetest"
 )
 
 // The test service, idem.test.Orders, is described by hand (no protoc):
@@ -48,9 +49,7 @@ const (
 // dialects runs a test case on SQLite, PostgreSQL and MariaDB.
 func dialects(t *testing.T, sqlCase func(*testing.T, harness[*sql.Tx]), pgCase func(*testing.T, harness[pgx.Tx])) {
 	t.Helper()
-	t.Run("sqlite", func(t *testing.T) { sqlCase(t, sqliteHarness{}) })
-	t.Run("postgres", func(t *testing.T) { pgCase(t, newPGHarness(t)) })
-	t.Run("mariadb", func(t *testing.T) { sqlCase(t, newMySQLHarness(t)) })
+	storetest.Dialects(t, storetest.InSequence, sqlCase, pgCase)
 }
 
 type options struct {
@@ -86,10 +85,10 @@ func setup[TTx any](t *testing.T, h harness[TTx], o options) *bundle[TTx] {
 	logger := slog.New(slog.NewJSONHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var d idem.Dialect[TTx]
 	if o.unreachable {
-		d = h.unreachable(t)
+		d = h.Unreachable(t)
 	} else {
-		b.ns = h.open(t)
-		d = b.ns.dialect
+		b.ns = h.Open(t)
+		d = b.ns.Dialect
 	}
 	icfg := idem.Config{}
 	if o.idemCfg != nil {
@@ -204,7 +203,7 @@ func (b *bundle[TTx]) create(ctx context.Context, req *structpb.Struct) (*struct
 		b.entered <- struct{}{}
 		<-b.release
 	}
-	id, err := b.ns.insertOrder(ctx, tx, scope, key, int64(f["amount"].GetNumberValue()))
+	id, err := b.ns.InsertOrder(ctx, tx, scope, key, int64(f["amount"].GetNumberValue()))
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
@@ -271,14 +270,14 @@ func (b *bundle[TTx]) call(t *testing.T, method, key string, fields map[string]a
 
 func (b *bundle[TTx]) orders(t *testing.T) int {
 	t.Helper()
-	n, err := b.ns.countOrders(t.Context())
+	n, err := b.ns.CountOrders(t.Context())
 	require.NoError(t, err)
 	return n
 }
 
 func (b *bundle[TTx]) records(t *testing.T) int {
 	t.Helper()
-	n, err := b.ns.countRecords(t.Context())
+	n, err := b.ns.CountRecords(t.Context())
 	require.NoError(t, err)
 	return n
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/contrib/idemgrpc"
+	"github.com/idemstore/idem/internal/storetest"
 )
 
 func TestReplay(t *testing.T) { dialects(t, testReplay[*sql.Tx], testReplay[pgx.Tx]) }
@@ -168,7 +169,7 @@ func testBadInput[TTx any](t *testing.T, h harness[TTx]) {
 }
 
 func TestKeyOptional(t *testing.T) {
-	b := setup(t, sqliteHarness{}, options{cfg: &idemgrpc.Config{
+	b := setup(t, storetest.SQLite{}, options{cfg: &idemgrpc.Config{
 		Protect:     func(string) bool { return true },
 		KeyOptional: func(_ context.Context, m string) bool { return m == methodGet },
 	}})
@@ -247,14 +248,14 @@ func testHandlerErrors[TTx any](t *testing.T, h harness[TTx]) {
 func TestInProgress(t *testing.T) { dialects(t, testInProgress[*sql.Tx], testInProgress[pgx.Tx]) }
 
 func testInProgress[TTx any](t *testing.T, h harness[TTx]) {
-	b := setup(t, h, options{idemCfg: &idem.Config{WaitTimeout: max(50*time.Millisecond, h.minWait())}})
+	b := setup(t, h, options{idemCfg: &idem.Config{WaitTimeout: max(50*time.Millisecond, h.MinWait())}})
 	key := newKey()
 	req := map[string]any{"amount": 9, "block": true}
 	holder := make(chan answer, 1)
 	go func() { holder <- b.call(t, methodCreate, key, req) }()
 	<-b.entered
 
-	if h.waitsAtBegin() {
+	if h.WaitsAtBegin() {
 		// SQLite: one writer at a time, so the duplicate waits for the
 		// holder's transaction at BEGIN and then replays its answer.
 		waiting := make(chan answer, 1)
@@ -397,7 +398,7 @@ func testRetryPolicyInProgress[TTx any](t *testing.T, h harness[TTx]) {
 		return resp, err
 	}
 	b := setup(t, h, options{
-		idemCfg:       &idem.Config{WaitTimeout: max(50*time.Millisecond, h.minWait())},
+		idemCfg:       &idem.Config{WaitTimeout: max(50*time.Millisecond, h.MinWait())},
 		outer:         []grpc.UnaryServerInterceptor{count},
 		serviceConfig: retryPolicy,
 	})
@@ -408,7 +409,7 @@ func testRetryPolicyInProgress[TTx any](t *testing.T, h harness[TTx]) {
 	<-b.entered
 	dup := make(chan answer, 1)
 	go func() { dup <- b.call(t, methodCreate, key, req) }()
-	if h.waitsAtBegin() {
+	if h.WaitsAtBegin() {
 		time.Sleep(200 * time.Millisecond) // the duplicate queues at BEGIN
 	} else {
 		require.Eventually(t, func() bool { return aborted.Load() >= 1 }, 10*time.Second, 5*time.Millisecond)
@@ -424,7 +425,7 @@ func testRetryPolicyInProgress[TTx any](t *testing.T, h harness[TTx]) {
 }
 
 func TestConfigErrors(t *testing.T) {
-	store, err := idem.New(sqliteHarness{}.open(t).dialect, nil)
+	store, err := idem.New(storetest.SQLite{}.Open(t).Dialect, nil)
 	require.NoError(t, err)
 	_, err = idemgrpc.UnaryServerInterceptor[*sql.Tx](nil, nil)
 	require.Error(t, err)

@@ -18,13 +18,13 @@ import (
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/contrib/idemotel"
 	"github.com/idemstore/idem/internal/digest"
+	"github.com/idemstore/idem/internal/storetest"
 )
 
+// dialects runs a test case on SQLite, PostgreSQL and MariaDB.
 func dialects(t *testing.T, sqlCase func(*testing.T, harness[*sql.Tx]), pgCase func(*testing.T, harness[pgx.Tx])) {
 	t.Helper()
-	t.Run("sqlite", func(t *testing.T) { t.Parallel(); sqlCase(t, sqliteHarness{}) })
-	t.Run("postgres", func(t *testing.T) { t.Parallel(); pgCase(t, newPGHarness(t)) })
-	t.Run("mariadb", func(t *testing.T) { t.Parallel(); sqlCase(t, newMySQLHarness(t)) })
+	storetest.Dialects(t, storetest.InParallel, sqlCase, pgCase)
 }
 
 // telemetry is a Telemetry over an in-memory reader and span recorder.
@@ -114,18 +114,18 @@ func TestScriptedSequence(t *testing.T) {
 // checks the exact counts, histograms and spans.
 func testScriptedSequence[TTx any](t *testing.T, h harness[TTx]) {
 	ctx := t.Context()
-	ns := h.open(t)
+	ns := h.Open(t)
 	x := newTelemetry(t, idemotel.WithOperation(func(scope string) string {
 		if strings.HasPrefix(scope, "orders/") {
 			return "create_order"
 		}
 		return "other"
 	}))
-	store, err := idem.New(ns.dialect, &idem.Config{Observer: x.tel.Observer()})
+	store, err := idem.New(ns.Dialect, &idem.Config{Observer: x.tel.Observer()})
 	require.NoError(t, err)
-	holder, err := idem.New(ns.dialect, nil) // not observed
+	holder, err := idem.New(ns.Dialect, nil) // not observed
 	require.NoError(t, err)
-	down, err := idem.New(h.unreachable(t), &idem.Config{Observer: x.tel.Observer(), WaitTimeout: time.Second})
+	down, err := idem.New(h.Unreachable(t), &idem.Config{Observer: x.tel.Observer(), WaitTimeout: time.Second})
 	require.NoError(t, err)
 
 	ctx, parent := x.tp.Tracer("test").Start(ctx, "request")
@@ -152,7 +152,7 @@ func testScriptedSequence[TTx any](t *testing.T, h harness[TTx]) {
 	require.ErrorIs(t, err, idem.ErrStoreUnavailable)
 	parent.End()
 
-	dialect := idemotel.AttrDialect.String(ns.dialect.Name())
+	dialect := idemotel.AttrDialect.String(ns.Dialect.Name())
 	operation := idemotel.AttrOperation.String("create_order")
 	rm := x.collect(t)
 	require.Equal(t, map[string]int64{

@@ -26,13 +26,13 @@ func TestLeasesChecksAndReaper(t *testing.T) {
 // the two gauges show exactly that.
 func testLeasesChecksAndReaper[TTx any](t *testing.T, h harness[TTx]) {
 	ctx := t.Context()
-	ns := h.open(t)
+	ns := h.Open(t)
 	x := newTelemetry(t)
 	var mu sync.Mutex
 	now := time.Now().UTC().Truncate(time.Second)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
-	store, err := idem.New(ns.dialect, &idem.Config{
+	store, err := idem.New(ns.Dialect, &idem.Config{
 		Observer: x.tel.Observer(), Now: clock, LeaseDuration: time.Minute,
 		StatusCheck: func(_ context.Context, rec idem.Record) (idem.Verdict, error) {
 			if rec.Key == "stale-key" {
@@ -78,7 +78,7 @@ func testLeasesChecksAndReaper[TTx any](t *testing.T, h harness[TTx]) {
 	require.Equal(t, int64(2), gauge(t, rmExact, "idem.reaper.backlog"))
 	require.Equal(t, int64(0), gauge(t, rmExact, "idem.leases.stale"))
 
-	dialect := idemotel.AttrDialect.String(ns.dialect.Name())
+	dialect := idemotel.AttrDialect.String(ns.Dialect.Name())
 	rm := x.collect(t)
 	require.Equal(t, map[string]int64{"renewed": 1, "taken_over": 1, "lost": 1},
 		sums(t, rm, "idem.lease.events", idemotel.AttrLeaseEvent, dialect))

@@ -35,7 +35,7 @@ func TestPrometheusScrape(t *testing.T) {
 // reused, 1 in progress, 1 outage) and finds its counts in the scrape.
 func testPrometheusScrape[TTx any](t *testing.T, h harness[TTx]) {
 	ctx := t.Context()
-	ns := h.open(t)
+	ns := h.Open(t)
 
 	reg := prometheus.NewRegistry()
 	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
@@ -46,9 +46,9 @@ func testPrometheusScrape[TTx any](t *testing.T, h harness[TTx]) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tel.Close() })
 
-	store, err := idem.New(ns.dialect, &idem.Config{Observer: tel.Observer()})
+	store, err := idem.New(ns.Dialect, &idem.Config{Observer: tel.Observer()})
 	require.NoError(t, err)
-	down, err := idem.New(h.unreachable(t), &idem.Config{Observer: tel.Observer(), WaitTimeout: time.Second})
+	down, err := idem.New(h.Unreachable(t), &idem.Config{Observer: tel.Observer(), WaitTimeout: time.Second})
 	require.NoError(t, err)
 
 	createOrder := func(w http.ResponseWriter, r *http.Request) {
@@ -57,7 +57,7 @@ func testPrometheusScrape[TTx any](t *testing.T, h harness[TTx]) {
 			http.Error(w, "no transaction", http.StatusInternalServerError)
 			return
 		}
-		id, err := ns.insertOrder(r.Context(), tx, "acme", r.Header.Get("Idempotency-Key"), 1999)
+		id, err := ns.InsertOrder(r.Context(), tx, "acme", r.Header.Get("Idempotency-Key"), 1999)
 		if err != nil {
 			http.Error(w, "insert failed", http.StatusInternalServerError)
 			return
@@ -96,7 +96,7 @@ func testPrometheusScrape[TTx any](t *testing.T, h harness[TTx]) {
 	require.Equal(t, http.StatusConflict, post("/orders", key, `{"sku":"b"}`))
 	// Another instance, not observed, holds busy's lease while its
 	// handler works: the request is in progress.
-	holder, err := idem.New(ns.dialect, nil)
+	holder, err := idem.New(ns.Dialect, nil)
 	require.NoError(t, err)
 	entered, release := make(chan struct{}), make(chan struct{})
 	other := http.NewServeMux()
@@ -130,7 +130,7 @@ func testPrometheusScrape[TTx any](t *testing.T, h harness[TTx]) {
 	close(release)
 	require.Equal(t, http.StatusCreated, <-held)
 	require.Equal(t, http.StatusServiceUnavailable, post("/down/orders", key, `{"sku":"a"}`))
-	n, err := ns.countOrders(ctx)
+	n, err := ns.CountOrders(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 
@@ -140,7 +140,7 @@ func testPrometheusScrape[TTx any](t *testing.T, h harness[TTx]) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	samples := parseProm(t, resp.Body)
 
-	dialect := ns.dialect.Name()
+	dialect := ns.Dialect.Name()
 	for outcome, want := range map[string]float64{
 		"acquired": 1, "replayed": 2, "mismatch": 1, "in_progress": 1, "store_unavailable": 1,
 	} {

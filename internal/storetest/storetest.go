@@ -1,4 +1,10 @@
-package idemgrpc_test
+// Package storetest gives the tests of the contrib modules real stores on
+// every dialect: a fresh SQLite file, PostgreSQL schema or MariaDB database
+// per test (namespaced by internal/testdb, which skips locally when a server
+// is unreachable and fails under CI or IDEM_TEST_REQUIRE_DB=1), migrated,
+// plus a business table orders (id, tenant, idem_key, amount) without a
+// unique constraint, so that a handler run twice shows as two rows.
+package storetest
 
 import (
 	"context"
@@ -22,41 +28,42 @@ import (
 	idemsqlite "github.com/idemstore/idem/sqlite"
 )
 
-// This file gives the tests real stores on every dialect: a fresh SQLite
-// file, PostgreSQL schema or MariaDB database per test (namespaced by
-// internal/testdb, which skips locally when a server is unreachable and fails
-// under CI or IDEM_TEST_REQUIRE_DB=1), migrated, plus a business table
-// orders (id, tenant, idem_key, amount) without a unique constraint, so
-// that a handler run twice shows as two rows.
-
-type harness[TTx any] interface {
-	name() string
-	open(t *testing.T) *namespace[TTx]
-	unreachable(t *testing.T) idem.Dialect[TTx]
-	// waitsAtBegin is true for SQLite, where a duplicate of an open
+// Harness opens stores of one dialect.
+type Harness[TTx any] interface {
+	// Name is the dialect's name in subtest names.
+	Name() string
+	// Open returns a fresh migrated namespace, dropped when t ends.
+	Open(t *testing.T) *Namespace[TTx]
+	// Unreachable returns a dialect whose database cannot be reached.
+	Unreachable(t *testing.T) idem.Dialect[TTx]
+	// WaitsAtBegin is true for SQLite, where a duplicate of an open
 	// transaction queues behind it (bounded by the busy timeout) instead of
 	// getting "in progress" after WaitTimeout.
-	waitsAtBegin() bool
-	// minWait is the shortest WaitTimeout the dialect honours.
-	minWait() time.Duration
+	WaitsAtBegin() bool
+	// MinWait is the shortest WaitTimeout the dialect honours.
+	MinWait() time.Duration
 }
 
-type namespace[TTx any] struct {
-	dialect      idem.Dialect[TTx]
-	insertOrder  func(ctx context.Context, tx TTx, tenant, key string, amount int64) (int64, error)
-	countOrders  func(ctx context.Context) (int, error)
-	countRecords func(ctx context.Context) (int, error)
+// Namespace is one test's store and business table.
+type Namespace[TTx any] struct {
+	Dialect idem.Dialect[TTx]
+	// InsertOrder inserts a row into orders in tx and returns its id.
+	InsertOrder func(ctx context.Context, tx TTx, tenant, key string, amount int64) (int64, error)
+	// CountOrders and CountRecords count the rows of orders and idempotency_keys.
+	CountOrders  func(ctx context.Context) (int, error)
+	CountRecords func(ctx context.Context) (int, error)
 }
 
 // ---- SQLite ----
 
-type sqliteHarness struct{}
+// SQLite is the Harness of package sqlite: a file per test.
+type SQLite struct{}
 
-func (sqliteHarness) name() string           { return "sqlite" }
-func (sqliteHarness) waitsAtBegin() bool     { return true }
-func (sqliteHarness) minWait() time.Duration { return time.Millisecond }
+func (SQLite) Name() string           { return "sqlite" }
+func (SQLite) WaitsAtBegin() bool     { return true }
+func (SQLite) MinWait() time.Duration { return time.Millisecond }
 
-func (sqliteHarness) open(t *testing.T) *namespace[*sql.Tx] {
+func (SQLite) Open(t *testing.T) *Namespace[*sql.Tx] {
 	t.Helper()
 	ctx := t.Context()
 	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "idem.db"))
@@ -68,7 +75,7 @@ func (sqliteHarness) open(t *testing.T) *namespace[*sql.Tx] {
 	return sqlNamespace(idemsqlite.New(db), db)
 }
 
-func (sqliteHarness) unreachable(t *testing.T) idem.Dialect[*sql.Tx] {
+func (SQLite) Unreachable(t *testing.T) idem.Dialect[*sql.Tx] {
 	t.Helper()
 	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "missing", "idem.db"))
 	require.NoError(t, err)
@@ -76,7 +83,7 @@ func (sqliteHarness) unreachable(t *testing.T) idem.Dialect[*sql.Tx] {
 	return idemsqlite.New(db)
 }
 
-func sqlNamespace(d idem.Dialect[*sql.Tx], db *sql.DB) *namespace[*sql.Tx] {
+func sqlNamespace(d idem.Dialect[*sql.Tx], db *sql.DB) *Namespace[*sql.Tx] {
 	count := func(table string) func(context.Context) (int, error) {
 		return func(ctx context.Context) (int, error) {
 			var n int
@@ -84,23 +91,24 @@ func sqlNamespace(d idem.Dialect[*sql.Tx], db *sql.DB) *namespace[*sql.Tx] {
 			return n, err
 		}
 	}
-	return &namespace[*sql.Tx]{
-		dialect: d,
-		insertOrder: func(ctx context.Context, tx *sql.Tx, tenant, key string, amount int64) (int64, error) {
+	return &Namespace[*sql.Tx]{
+		Dialect: d,
+		InsertOrder: func(ctx context.Context, tx *sql.Tx, tenant, key string, amount int64) (int64, error) {
 			res, err := tx.ExecContext(ctx, `INSERT INTO orders (tenant, idem_key, amount) VALUES (?, ?, ?)`, tenant, key, amount)
 			if err != nil {
 				return 0, err
 			}
 			return res.LastInsertId()
 		},
-		countOrders:  count("orders"),
-		countRecords: count("idempotency_keys"),
+		CountOrders:  count("orders"),
+		CountRecords: count("idempotency_keys"),
 	}
 }
 
 // ---- PostgreSQL ----
 
-type pgHarness struct {
+// Postgres is the Harness of package postgres: a schema per test.
+type Postgres struct {
 	url   string
 	admin *pgxpool.Pool
 }
@@ -111,7 +119,8 @@ var pgAdmin struct {
 	err  error
 }
 
-func newPGHarness(t *testing.T) *pgHarness {
+// NewPostgres returns the PostgreSQL harness of the test server.
+func NewPostgres(t *testing.T) *Postgres {
 	t.Helper()
 	url := testdb.PostgresURL(t)
 	pgAdmin.once.Do(func() {
@@ -124,14 +133,14 @@ func newPGHarness(t *testing.T) *pgHarness {
 		pgAdmin.pool, pgAdmin.err = pgxpool.NewWithConfig(context.Background(), cfg)
 	})
 	require.NoError(t, pgAdmin.err)
-	return &pgHarness{url: url, admin: pgAdmin.pool}
+	return &Postgres{url: url, admin: pgAdmin.pool}
 }
 
-func (*pgHarness) name() string           { return "postgres" }
-func (*pgHarness) waitsAtBegin() bool     { return false }
-func (*pgHarness) minWait() time.Duration { return time.Millisecond }
+func (*Postgres) Name() string           { return "postgres" }
+func (*Postgres) WaitsAtBegin() bool     { return false }
+func (*Postgres) MinWait() time.Duration { return time.Millisecond }
 
-func (h *pgHarness) open(t *testing.T) *namespace[pgx.Tx] {
+func (h *Postgres) Open(t *testing.T) *Namespace[pgx.Tx] {
 	t.Helper()
 	ctx := t.Context()
 	schema := testdb.Name()
@@ -162,20 +171,20 @@ func (h *pgHarness) open(t *testing.T) *namespace[pgx.Tx] {
 			return n, err
 		}
 	}
-	return &namespace[pgx.Tx]{
-		dialect: idempg.New(pool),
-		insertOrder: func(ctx context.Context, tx pgx.Tx, tenant, key string, amount int64) (int64, error) {
+	return &Namespace[pgx.Tx]{
+		Dialect: idempg.New(pool),
+		InsertOrder: func(ctx context.Context, tx pgx.Tx, tenant, key string, amount int64) (int64, error) {
 			var id int64
 			err := tx.QueryRow(ctx, `INSERT INTO orders (tenant, idem_key, amount) VALUES ($1, $2, $3) RETURNING id`,
 				tenant, key, amount).Scan(&id)
 			return id, err
 		},
-		countOrders:  count("orders"),
-		countRecords: count("idempotency_keys"),
+		CountOrders:  count("orders"),
+		CountRecords: count("idempotency_keys"),
 	}
 }
 
-func (h *pgHarness) unreachable(t *testing.T) idem.Dialect[pgx.Tx] {
+func (h *Postgres) Unreachable(t *testing.T) idem.Dialect[pgx.Tx] {
 	t.Helper()
 	pool, err := pgxpool.New(t.Context(), "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2")
 	require.NoError(t, err) // connects lazily
@@ -185,7 +194,8 @@ func (h *pgHarness) unreachable(t *testing.T) idem.Dialect[pgx.Tx] {
 
 // ---- MariaDB / MySQL ----
 
-type mysqlHarness struct {
+// MySQL is the Harness of package mysql: a database per test.
+type MySQL struct {
 	cfg   *gomysql.Config
 	admin *sql.DB
 }
@@ -197,7 +207,8 @@ var myAdmin struct {
 	err  error
 }
 
-func newMySQLHarness(t *testing.T) *mysqlHarness {
+// NewMySQL returns the MariaDB harness of the test server.
+func NewMySQL(t *testing.T) *MySQL {
 	t.Helper()
 	dsn := testdb.MySQLDSN(t, func(dsn string) (string, error) {
 		cfg, err := gomysql.ParseDSN(dsn)
@@ -225,16 +236,16 @@ func newMySQLHarness(t *testing.T) *mysqlHarness {
 		myAdmin.db.SetMaxOpenConns(2)
 	})
 	require.NoError(t, myAdmin.err)
-	return &mysqlHarness{cfg: myAdmin.cfg, admin: myAdmin.db}
+	return &MySQL{cfg: myAdmin.cfg, admin: myAdmin.db}
 }
 
-func (*mysqlHarness) name() string       { return "mariadb" }
-func (*mysqlHarness) waitsAtBegin() bool { return false }
+func (*MySQL) Name() string       { return "mariadb" }
+func (*MySQL) WaitsAtBegin() bool { return false }
 
 // MySQL counts lock waits in whole seconds.
-func (*mysqlHarness) minWait() time.Duration { return time.Second }
+func (*MySQL) MinWait() time.Duration { return time.Second }
 
-func (h *mysqlHarness) open(t *testing.T) *namespace[*sql.Tx] {
+func (h *MySQL) Open(t *testing.T) *Namespace[*sql.Tx] {
 	t.Helper()
 	ctx := t.Context()
 	name := testdb.Name()
@@ -263,7 +274,7 @@ func (h *mysqlHarness) open(t *testing.T) *namespace[*sql.Tx] {
 	return sqlNamespace(idemmysql.New(db), db)
 }
 
-func (h *mysqlHarness) unreachable(t *testing.T) idem.Dialect[*sql.Tx] {
+func (h *MySQL) Unreachable(t *testing.T) idem.Dialect[*sql.Tx] {
 	t.Helper()
 	cfg := h.cfg.Clone()
 	cfg.Addr = "127.0.0.1:1" // nothing listens on port 1
@@ -276,7 +287,9 @@ func (h *mysqlHarness) unreachable(t *testing.T) idem.Dialect[*sql.Tx] {
 	return idemmysql.New(db)
 }
 
-func TestMain(m *testing.M) {
+// Main runs the tests and closes the shared admin connections; call it from
+// TestMain.
+func Main(m *testing.M) {
 	code := m.Run()
 	if pgAdmin.pool != nil {
 		pgAdmin.pool.Close()
@@ -286,3 +299,30 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(code)
 }
+
+// Dialects runs a test case on SQLite, PostgreSQL and MariaDB, in parallel
+// subtests when parallel is set.
+func Dialects(t *testing.T, parallel Parallelism, sqlCase func(*testing.T, Harness[*sql.Tx]), pgCase func(*testing.T, Harness[pgx.Tx])) {
+	t.Helper()
+	run := func(name string, fn func(*testing.T)) {
+		t.Run(name, func(t *testing.T) {
+			if parallel == InParallel {
+				t.Parallel()
+			}
+			fn(t)
+		})
+	}
+	run("sqlite", func(t *testing.T) { sqlCase(t, SQLite{}) })
+	run("postgres", func(t *testing.T) { pgCase(t, NewPostgres(t)) })
+	run("mariadb", func(t *testing.T) { sqlCase(t, NewMySQL(t)) })
+}
+
+// Parallelism says whether Dialects runs its subtests in parallel.
+type Parallelism int
+
+const (
+	// InSequence runs the dialects one after the other.
+	InSequence Parallelism = iota
+	// InParallel runs them as parallel subtests.
+	InParallel
+)
