@@ -323,6 +323,10 @@ func wireRounds(t *testing.T, dialect string, fault wireFault) {
 	if reruns > 0 {
 		t.Errorf("%d requests whose COMMIT the server acknowledged (the service never heard) did not end as a replay", reruns)
 	}
+	if fault == wireDropAck && businessAcked == 0 {
+		// The scenario exists for these: without one, nothing was tested.
+		t.Errorf("no business transaction's COMMIT was acknowledged by the server and lost to the service (%d faults fired)", fired)
+	}
 	var fw []string
 	for _, k := range slices.Sorted(maps.Keys(forwarded)) {
 		fw = append(fw, fmt.Sprintf("%d:%d", k, forwarded[k]))
