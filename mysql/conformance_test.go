@@ -51,6 +51,16 @@ func TestConformanceServerPrepared(t *testing.T) {
 	}
 }
 
+// TestConformancePiped runs the suite on a pool opened with NewConnector,
+// on which Do's BEGIN travels with its claim and its COMMIT with its
+// completion (on MariaDB; on MySQL the pool behaves as any other).
+func TestConformancePiped(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "Detected")
+	h.piped = true
+	conformance.Run(t, h)
+}
+
 // claimPath returns the constructor of the claim path named name in claimPaths.
 func claimPath(t *testing.T, name string) func(*sql.DB) *idemmysql.Dialect {
 	t.Helper()
@@ -93,6 +103,8 @@ type harness struct {
 	newDialect func(*sql.DB) *idemmysql.Dialect
 	// serverPrepared turns interpolateParams off.
 	serverPrepared bool
+	// piped opens the Dialect's pool with NewConnector.
+	piped bool
 }
 
 var _ conformance.Harness[*sql.Tx] = (*harness)(nil)
@@ -105,8 +117,12 @@ func newHarness(t *testing.T, path string) *harness {
 func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*sql.Tx] {
 	t.Helper()
 	ns := h.server.open(ctx, t, !h.serverPrepared)
+	db := ns.db
+	if h.piped {
+		db = h.server.connectPiped(t, ns.name)
+	}
 	return &conformance.Namespace[*sql.Tx]{
-		Dialect:      h.newDialect(ns.db),
+		Dialect:      h.newDialect(db),
 		InsertOrder:  ns.insertOrder,
 		CountOrders:  ns.countOrders,
 		CountRecords: ns.countRecords,
@@ -118,7 +134,7 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 				WHERE scope = ? AND idempotency_key = ?`, status, headers, scope, key)
 			return err
 		},
-		Close: func() { _ = ns.db.Close() },
+		Close: func() { _ = db.Close(); _ = ns.db.Close() },
 		ChildEnv: []string{
 			childDSNEnv + "=" + h.server.dsn(ns.name, !h.serverPrepared),
 			childPathEnv + "=" + h.path,
@@ -252,6 +268,16 @@ func (s *server) connect(t *testing.T, name string, interpolate bool) *sql.DB {
 	return db
 }
 
+// connectPiped is connect with interpolateParams, through
+// idemmysql.NewConnector.
+func (s *server) connectPiped(t *testing.T, name string) *sql.DB {
+	t.Helper()
+	db := openPiped(t, s.config(name, true))
+	db.SetMaxOpenConns(s.conns)
+	db.SetMaxIdleConns(s.conns)
+	return db
+}
+
 // config is the driver configuration of connect.
 func (s *server) config(name string, interpolate bool) *gomysql.Config {
 	cfg := s.cfg.Clone()
@@ -285,6 +311,16 @@ func (s *server) createDatabase(ctx context.Context, t *testing.T) string {
 func openDB(t *testing.T, cfg *gomysql.Config) *sql.DB {
 	t.Helper()
 	conn, err := gomysql.NewConnector(cfg)
+	require.NoError(t, err)
+	db := sql.OpenDB(conn)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// openPiped is openDB through idemmysql.NewConnector.
+func openPiped(t *testing.T, cfg *gomysql.Config) *sql.DB {
+	t.Helper()
+	conn, err := idemmysql.NewConnector(cfg)
 	require.NoError(t, err)
 	db := sql.OpenDB(conn)
 	t.Cleanup(func() { _ = db.Close() })

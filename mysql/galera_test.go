@@ -103,12 +103,14 @@ type galeraNS struct {
 
 // open creates a database on node 1 (replicated to all by TOI), migrated
 // with the orders table unless bare, and a pool on it per node; params are
-// session variables set on every connection.
+// session variables set on every connection. Node 1's pool is the driver's;
+// nodes 2 and 3 have pools of idemmysql.NewConnector, so that races across
+// nodes, and certification failures, meet both of Do's paths.
 func (c *galeraCluster) open(ctx context.Context, t *testing.T, bare bool, params map[string]string) *galeraNS {
 	t.Helper()
 	name := c.nodes[0].createDatabase(ctx, t)
 	ns := &galeraNS{name: name}
-	for _, n := range c.nodes {
+	for i, n := range c.nodes {
 		cfg := n.config(name, true)
 		cfg.Timeout = 5 * time.Second
 		cfg.ReadTimeout = 30 * time.Second
@@ -119,7 +121,11 @@ func (c *galeraCluster) open(ctx context.Context, t *testing.T, bare bool, param
 			}
 			cfg.Params[k] = v
 		}
-		db := openDB(t, cfg)
+		open := openDB
+		if i > 0 {
+			open = openPiped
+		}
+		db := open(t, cfg)
 		db.SetMaxOpenConns(20)
 		db.SetMaxIdleConns(20)
 		ns.dbs = append(ns.dbs, db)
