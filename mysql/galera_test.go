@@ -452,6 +452,50 @@ func TestGaleraCallbackCertificationFailure(t *testing.T) {
 	require.Equal(t, 11, n, "node 1's write and the retried callback's, once each")
 }
 
+// TestGaleraCertificationFailureAtCompletion: as
+// TestGaleraCallbackCertificationFailure, but node 1's conflicting write
+// commits after the callback's last statement, so that the failure (1213)
+// comes at the statement that carries the completion and COMMIT (node 2's
+// pool is NewConnector's): nothing of the first try commits, Do runs the
+// callback again, and the order and the stock change once.
+func TestGaleraCertificationFailureAtCompletion(t *testing.T) {
+	c := testGalera(t)
+	ctx := t.Context()
+	ns := c.open(ctx, t, false, nil)
+	_, err := ns.dbs[0].ExecContext(ctx, "CREATE TABLE stock (id INT PRIMARY KEY, n INT NOT NULL) ENGINE = InnoDB")
+	require.NoError(t, err)
+	_, err = ns.dbs[0].ExecContext(ctx, "INSERT INTO stock VALUES (1, 0)")
+	require.NoError(t, err)
+	c.waitFor(ctx, t, "SELECT COUNT(*) FROM "+ns.name+".stock", 1)
+	s, err := idem.New(idemmysql.New(ns.dbs[1]), &idem.Config{MaxTxRetries: 3})
+	require.NoError(t, err)
+	tries := 0
+	res, err := s.Do(ctx, "cert", "cert-2", idem.Fingerprint{}, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+		tries++
+		if _, err := tx.ExecContext(ctx, "UPDATE stock SET n = n + 1 WHERE id = 1"); err != nil {
+			return nil, err
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (ref, node) VALUES ('cert-2', 2)"); err != nil {
+			return nil, err
+		}
+		if tries == 1 {
+			// Node 1 commits a write of the same row first; this
+			// transaction's next statement is its completion and COMMIT.
+			if _, err := ns.dbs[0].ExecContext(ctx, "UPDATE stock SET n = n + 10 WHERE id = 1"); err != nil {
+				return nil, err
+			}
+		}
+		return &idem.Response{StatusCode: 201}, nil
+	})
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, 2, tries, "the aborted transaction ran once more")
+	c.waitFor(ctx, t, "SELECT COUNT(*) FROM "+ns.name+".orders WHERE ref = 'cert-2'", 1)
+	var n int
+	require.NoError(t, ns.dbs[0].QueryRowContext(ctx, "SELECT n FROM stock WHERE id = 1").Scan(&n))
+	require.Equal(t, 11, n, "node 1's write and the retried callback's, once each")
+}
+
 // TestGaleraReplayOnOtherNode completes keys on node 1 and replays each at
 // once on node 2, first with the default wsrep_sync_wait=0, then with
 // wsrep_sync_wait=1 on node 2's sessions. Without it node 2 may not have
