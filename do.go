@@ -221,7 +221,7 @@ func (s *Store[TTx]) runFn(ctx context.Context, tx TTx, c *Claim, fn doFunc[TTx]
 // neither rolled back nor, in doStale, is the claim released; a committed
 // claim left processing is settled after its lease by the status check.
 func (s *Store[TTx]) completeAndCommit(ctx context.Context, t *doTx[TTx], c *Claim, status Status, resp *Response) (*Result, error) {
-	if err := s.complete(ctx, s.dialect.Tx(t.tx), c, status, resp); err != nil {
+	if err := s.complete(ctx, s.dialect.Tx(t.tx), &t.tx, c, status, resp); err != nil {
 		return nil, err
 	}
 	t.open = false

@@ -56,7 +56,7 @@ func (s *Store[TTx]) Dialect() Dialect[TTx] { return s.dialect }
 // and [ErrInvalidResponse], before any statement, when resp fails
 // [Response.Validate] or the Config's size limits.
 func (s *Store[TTx]) Complete(ctx context.Context, c *Claim, resp *Response) error {
-	return s.complete(ctx, s.dialect.DB(), c, StatusSucceeded, resp)
+	return s.complete(ctx, s.dialect.DB(), nil, c, StatusSucceeded, resp)
 }
 
 // CompleteTx stores resp as the successful result of the acquired claim c
@@ -64,7 +64,7 @@ func (s *Store[TTx]) Complete(ctx context.Context, c *Claim, resp *Response) err
 // idem never commits or rolls back tx; the response becomes visible, and
 // durable, when the caller commits, together with the business rows.
 func (s *Store[TTx]) CompleteTx(ctx context.Context, tx TTx, c *Claim, resp *Response) error {
-	return s.complete(ctx, s.dialect.Tx(tx), c, StatusSucceeded, resp)
+	return s.complete(ctx, s.dialect.Tx(tx), &tx, c, StatusSucceeded, resp)
 }
 
 // Fail stores resp as the final, failed result of c: for failures that
@@ -72,17 +72,19 @@ func (s *Store[TTx]) CompleteTx(ctx context.Context, tx TTx, c *Claim, resp *Res
 // like a success. Errors are those of [Store.Complete]. For failures that are
 // safe to retry, use [Store.Release] (or roll back the claiming transaction).
 func (s *Store[TTx]) Fail(ctx context.Context, c *Claim, resp *Response) error {
-	return s.complete(ctx, s.dialect.DB(), c, StatusFailed, resp)
+	return s.complete(ctx, s.dialect.DB(), nil, c, StatusFailed, resp)
 }
 
 // FailTx is [Store.Fail] inside the caller's transaction tx. idem never
 // commits or rolls back tx.
 func (s *Store[TTx]) FailTx(ctx context.Context, tx TTx, c *Claim, resp *Response) error {
-	return s.complete(ctx, s.dialect.Tx(tx), c, StatusFailed, resp)
+	return s.complete(ctx, s.dialect.Tx(tx), &tx, c, StatusFailed, resp)
 }
 
-func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, status Status, resp *Response) error {
-	p, err := s.completeParams(ctx, c, status, resp)
+// complete runs the completion on exec; tx is exec's transaction, nil on
+// the pool (see storeBody).
+func (s *Store[TTx]) complete(ctx context.Context, exec Executor, tx *TTx, c *Claim, status Status, resp *Response) error {
+	p, err := s.completeParams(ctx, tx, c, status, resp)
 	if err != nil {
 		return err
 	}
@@ -101,7 +103,7 @@ func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, stat
 // completeCommit is complete followed by the commit of tx, both through
 // pipe.CompleteCommit in one round trip.
 func (s *Store[TTx]) completeCommit(ctx context.Context, pipe TxPipeliner[TTx], tx TTx, c *Claim, status Status, resp *Response) error {
-	p, err := s.completeParams(ctx, c, status, resp)
+	p, err := s.completeParams(ctx, &tx, c, status, resp)
 	if err != nil {
 		return err
 	}
@@ -119,14 +121,14 @@ func (s *Store[TTx]) completeCommit(ctx context.Context, pipe TxPipeliner[TTx], 
 
 // completeParams checks what complete and completeCommit were given and
 // builds the parameters both send.
-func (s *Store[TTx]) completeParams(ctx context.Context, c *Claim, status Status, resp *Response) (*CompleteParams, error) {
+func (s *Store[TTx]) completeParams(ctx context.Context, tx *TTx, c *Claim, status Status, resp *Response) (*CompleteParams, error) {
 	if err := validateClaim(c); err != nil {
 		return nil, err
 	}
 	if err := s.validateResponse(resp); err != nil {
 		return nil, fmt.Errorf("idem: complete key %s: %w", digest.Key(c.Scope, c.Key), err)
 	}
-	resp, err := s.storeBody(ctx, c.Scope, c.Key, c.Token, resp)
+	resp, err := s.storeBody(ctx, tx, c.Scope, c.Key, c.Token, resp)
 	if err != nil {
 		return nil, err
 	}
