@@ -124,8 +124,8 @@ func (b *TableBodyStore) Open(ctx context.Context, address string) (io.ReadClose
 	if !bodytable.ValidAddress(address) {
 		return nil, bodytable.ErrNotExist
 	}
-	return bodytable.Open(ctx, func(ctx context.Context, seq int64) ([]byte, bool, error) {
-		var data []byte
+	return bodytable.Open(ctx, func(ctx context.Context, seq int64, buf []byte) ([]byte, bool, error) {
+		data := buf[:0]
 		err := b.pool.QueryRow(ctx, b.st.fetch, address, seq).Scan(&data)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, false, nil

@@ -132,8 +132,10 @@ func Write(ctx context.Context, c Config, r io.Reader, insert func(seq int64, da
 	}
 }
 
-// Fetch reads row seq of the object; found is false when there is none.
-type Fetch func(ctx context.Context, seq int64) (data []byte, found bool, err error)
+// Fetch reads row seq of the object into buf[:0] (or a new slice) and
+// returns it; found is false when there is none. The reader passes back
+// the buffer of the previous row, which it no longer reads.
+type Fetch func(ctx context.Context, seq int64, buf []byte) (data []byte, found bool, err error)
 
 // Open returns a reader of the object whose rows fetch reads, after
 // checking that its row 0 exists (ErrNotExist otherwise). The reader
@@ -141,14 +143,14 @@ type Fetch func(ctx context.Context, seq int64) (data []byte, found bool, err er
 // an object deleted while it is read ends early, which the caller's length
 // check catches.
 func Open(ctx context.Context, fetch Fetch) (io.ReadCloser, error) {
-	data, found, err := fetch(ctx, 0)
+	data, found, err := fetch(ctx, 0, nil)
 	if err != nil {
 		return nil, err
 	}
 	if !found {
 		return nil, ErrNotExist
 	}
-	return &reader{ctx: ctx, fetch: fetch, buf: data}, nil
+	return &reader{ctx: ctx, fetch: fetch, buf: data, spare: data}, nil
 }
 
 // reader streams an object row by row. It keeps the ctx of Open, as an
@@ -159,6 +161,8 @@ type reader struct {
 	fetch  Fetch
 	seq    int64
 	buf    []byte
+	// spare is the whole of the row buf is a tail of, reused by the next fetch.
+	spare  []byte
 	done   bool
 	closed bool
 }
@@ -169,7 +173,7 @@ func (r *reader) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		r.seq++
-		data, found, err := r.fetch(r.ctx, r.seq)
+		data, found, err := r.fetch(r.ctx, r.seq, r.spare)
 		if err != nil {
 			return 0, err
 		}
@@ -177,7 +181,7 @@ func (r *reader) Read(p []byte) (int, error) {
 			r.done = true
 			return 0, io.EOF
 		}
-		r.buf = data
+		r.buf, r.spare = data, data
 	}
 	n := copy(p, r.buf)
 	r.buf = r.buf[n:]
@@ -185,7 +189,7 @@ func (r *reader) Read(p []byte) (int, error) {
 }
 
 func (r *reader) Close() error {
-	r.closed, r.buf = true, nil
+	r.closed, r.buf, r.spare = true, nil, nil
 	return nil
 }
 

@@ -79,17 +79,29 @@ func (s *SQLStore) Open(ctx context.Context, address string) (io.ReadCloser, err
 	if !ValidAddress(address) {
 		return nil, ErrNotExist
 	}
-	return Open(ctx, func(ctx context.Context, seq int64) ([]byte, bool, error) {
-		var data []byte
-		err := s.DB.QueryRowContext(ctx, s.Fetch, address, seq).Scan(&data)
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, false, nil
-		}
-		if err != nil {
-			return nil, false, s.Classify(err)
-		}
-		return data, true, nil
+	return Open(ctx, func(ctx context.Context, seq int64, buf []byte) ([]byte, bool, error) {
+		data, found, err := s.fetch(ctx, address, seq, buf)
+		return data, found, s.Classify(err)
 	})
+}
+
+// fetch reads one row into buf through sql.RawBytes, so that the row is
+// copied once, into a buffer reused row after row.
+func (s *SQLStore) fetch(ctx context.Context, address string, seq int64, buf []byte) ([]byte, bool, error) {
+	rows, err := s.DB.QueryContext(ctx, s.Fetch, address, seq)
+	if err != nil {
+		return nil, false, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return nil, false, rows.Err()
+	}
+	var raw sql.RawBytes
+	if err := rows.Scan(&raw); err != nil {
+		return nil, false, err
+	}
+	data := append(buf[:0], raw...)
+	return data, true, rows.Close()
 }
 
 // DeleteObject deletes every row of the object.
