@@ -71,6 +71,8 @@ type namespace[TTx any] struct {
 	// setStoredStatus overwrites the response status of every stored
 	// record by hand, as a damaged or hand-written row would have it.
 	setStoredStatus func(ctx context.Context, status int) error
+	// bodyTable is the dialect's table body store on the namespace.
+	bodyTable func(cfg *idem.TableBodyStoreConfig) idem.BodyStore
 }
 
 // Short names for the two transaction types.
@@ -104,7 +106,9 @@ func (sqliteHarness) open(t *testing.T) *namespace[*sql.Tx] {
 		_, err := db.ExecContext(ctx, stmt)
 		require.NoError(t, err)
 	}
-	return sqlNamespace(idemsqlite.New(db), db)
+	ns := sqlNamespace(idemsqlite.New(db), db)
+	ns.bodyTable = func(cfg *idem.TableBodyStoreConfig) idem.BodyStore { return idemsqlite.NewTableBodyStore(db, cfg) }
+	return ns
 }
 
 // newSQLiteStore returns a store on a fresh migrated SQLite file.
@@ -250,6 +254,7 @@ func (h *pgHarness) open(t *testing.T) *namespace[pgx.Tx] {
 			_, err := pool.Exec(ctx, `UPDATE idempotency_keys SET response_status = $1::integer`, status)
 			return err
 		},
+		bodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore { return idempg.NewTableBodyStore(pool, cfg) },
 	}
 }
 
@@ -342,6 +347,7 @@ func (h *mysqlHarness) open(t *testing.T) *namespace[*sql.Tx] {
 	) ENGINE = InnoDB`)
 	require.NoError(t, err)
 	ns := sqlNamespace(idemmysql.New(db), db)
+	ns.bodyTable = func(cfg *idem.TableBodyStoreConfig) idem.BodyStore { return idemmysql.NewTableBodyStore(db, cfg) }
 	ns.breakTx = func(ctx context.Context, tx *sql.Tx) error {
 		var id int64
 		if err := tx.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&id); err != nil {
