@@ -125,9 +125,16 @@ func testBodyTableRoundTrip[TTx any](t *testing.T, h Harness[TTx]) {
 // is committed and the key is free for a retry.
 func testBodyTableDown[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx, b, _ := tableSetup(t, h, nil, nil)
+	require.NoError(t, b.store.Check(ctx))
 	require.NoError(t, b.ns.DropBodyTable(ctx))
+	err := b.store.Check(ctx)
+	require.ErrorIs(t, err, idem.ErrNotReady, "Check sees the body table gone")
+	var ce *idem.CheckError
+	require.ErrorAs(t, err, &ce)
+	require.Len(t, ce.Problems, 1)
+	require.Contains(t, ce.Problems[0].What, "idempotency_bodies")
 	key := newKey("down")
-	_, err := b.store.Do(ctx, "t1/create", key, fp("x"), func(ctx context.Context, tx TTx) (*idem.Response, error) {
+	_, err = b.store.Do(ctx, "t1/create", key, fp("x"), func(ctx context.Context, tx TTx) (*idem.Response, error) {
 		if err := b.ns.InsertOrder(ctx, tx, key); err != nil {
 			return nil, err
 		}

@@ -157,10 +157,10 @@ func Open(ctx context.Context, fetch Fetch) (io.ReadCloser, error) {
 // http.Request's Body does: the object is read within the caller's
 // operation.
 type reader struct {
-	ctx    context.Context //nolint:containedctx // the reader's reads belong to the Open call's operation
-	fetch  Fetch
-	seq    int64
-	buf    []byte
+	ctx   context.Context //nolint:containedctx // the reader's reads belong to the Open call's operation
+	fetch Fetch
+	seq   int64
+	buf   []byte
 	// spare is the whole of the row buf is a tail of, reused by the next fetch.
 	spare  []byte
 	done   bool
