@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"io"
 	"net/http"
@@ -174,5 +175,78 @@ func heapPeaks() (stop func() (peak, live, allocated uint64)) {
 		close(done)
 		wg.Wait()
 		return peak, live, read()[2] - startAlloc
+	}
+}
+
+// TestTableBodyStoreFaults: with the dialect's table body store, on every
+// dialect and in both modes, a body store that is down (its table
+// dropped) answers 503, commits nothing (no order, no record) and leaves
+// the key free; a record whose object's rows were deleted by hand answers
+// 500 idempotency_record_invalid on replay and runs nothing again.
+func TestTableBodyStoreFaults(t *testing.T) {
+	t.Parallel()
+	t.Run("sqlite", func(t *testing.T) { t.Parallel(); testTableBodyFaults(t, harness[*sqlTx](sqliteHarness{})) })
+	t.Run("postgres", func(t *testing.T) { t.Parallel(); testTableBodyFaults(t, harness[pgxTx](newPGHarness(t))) })
+	t.Run("mariadb", func(t *testing.T) { t.Parallel(); testTableBodyFaults(t, harness[*sqlTx](newMySQLHarness(t))) })
+}
+
+func testTableBodyFaults[TTx any](t *testing.T, h harness[TTx]) {
+	for _, mode := range []idemhttp.Mode{idemhttp.Transactional, idemhttp.Leased} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := t.Context()
+			ns := h.open(t)
+			bs := ns.bodyTable(nil)
+			store, err := idem.New(ns.dialect, &idem.Config{BodyStore: bs, InlineBodyMax: 1 << 10})
+			require.NoError(t, err)
+			mw, err := idemhttp.New(store, &idemhttp.Config{Mode: mode, Tenant: func(*http.Request) (string, error) { return "acme", nil }})
+			require.NoError(t, err)
+			var calls int
+			srv := httptest.NewServer(mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				calls++
+				tx, _ := idemhttp.Tx[TTx](r.Context())
+				if _, err := ns.insertOrder(r.Context(), tx, "acme", "k", 1); err != nil {
+					http.Error(w, "no", http.StatusInternalServerError)
+					return
+				}
+				_, _ = w.Write(bytes.Repeat([]byte("row,1\n"), 2000))
+			})))
+			defer srv.Close()
+			post := func(key string) (*http.Response, []byte) {
+				req, err := http.NewRequest(http.MethodPost, srv.URL+"/x", bytes.NewReader([]byte(`{}`)))
+				require.NoError(t, err)
+				req.Header.Set("Idempotency-Key", key)
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := srv.Client().Do(req)
+				require.NoError(t, err)
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				return resp, b
+			}
+			count := func(f func(context.Context) (int, error)) int {
+				n, err := f(ctx)
+				require.NoError(t, err)
+				return n
+			}
+
+			resp, body := post("export-key-0001")
+			require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+			require.Len(t, body, 12000)
+			var addrs []string
+			require.NoError(t, bs.List(ctx, time.Now().Add(time.Hour), func(a string) error { addrs = append(addrs, a); return nil }))
+			require.Len(t, addrs, 1)
+			require.NoError(t, bs.Delete(ctx, addrs[0])) // by hand
+			resp, body = post("export-key-0001")
+			require.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+			require.Contains(t, string(body), idemhttp.CodeRecordInvalid)
+			require.Equal(t, 1, calls)
+
+			require.NoError(t, ns.dropBodies(ctx))
+			resp, body = post("export-key-0002")
+			require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, string(body))
+			require.Contains(t, string(body), idemhttp.CodeStoreUnavailable)
+			require.Equal(t, 1, count(ns.countOrders), "the order rolled back with the record")
+			require.Equal(t, 1, count(ns.countRecords), "nothing committed for the refused key")
+		})
 	}
 }

@@ -73,6 +73,9 @@ type namespace[TTx any] struct {
 	setStoredStatus func(ctx context.Context, status int) error
 	// bodyTable is the dialect's table body store on the namespace.
 	bodyTable func(cfg *idem.TableBodyStoreConfig) idem.BodyStore
+	// dropBodies drops the idempotency_bodies table, so a table body
+	// store fails.
+	dropBodies func(ctx context.Context) error
 }
 
 // Short names for the two transaction types.
@@ -158,6 +161,10 @@ func sqlNamespace(d idem.Dialect[*sql.Tx], db *sql.DB) *namespace[*sql.Tx] {
 		},
 		setStoredStatus: func(ctx context.Context, status int) error {
 			_, err := db.ExecContext(ctx, `UPDATE idempotency_keys SET response_status = ?`, status)
+			return err
+		},
+		dropBodies: func(ctx context.Context) error {
+			_, err := db.ExecContext(ctx, `DROP TABLE idempotency_bodies`)
 			return err
 		},
 	}
@@ -255,6 +262,10 @@ func (h *pgHarness) open(t *testing.T) *namespace[pgx.Tx] {
 			return err
 		},
 		bodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore { return idempg.NewTableBodyStore(pool, cfg) },
+		dropBodies: func(ctx context.Context) error {
+			_, err := pool.Exec(ctx, `DROP TABLE idempotency_bodies`)
+			return err
+		},
 	}
 }
 
