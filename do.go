@@ -146,7 +146,7 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 	// The completion and COMMIT in one round trip. On an error nothing was
 	// committed (unless COMMIT's outcome is unknown, as with Commit) and the
 	// deferred Rollback is harmless.
-	if err := s.completeVia(ctx, c, status, resp, "complete and commit", send); err != nil {
+	if err := s.completeVia(ctx, &t.tx, c, status, resp, "complete and commit", send); err != nil {
 		return nil, err
 	}
 	t.open = false

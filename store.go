@@ -56,7 +56,7 @@ func (s *Store[TTx]) Dialect() Dialect[TTx] { return s.dialect }
 // and [ErrInvalidResponse], before any statement, when resp fails
 // [Response.Validate] or the Config's size limits.
 func (s *Store[TTx]) Complete(ctx context.Context, c *Claim, resp *Response) error {
-	return s.complete(ctx, s.dialect.DB(), c, StatusSucceeded, resp)
+	return s.complete(ctx, s.dialect.DB(), nil, c, StatusSucceeded, resp)
 }
 
 // CompleteTx stores resp as the successful result of the acquired claim c
@@ -72,7 +72,7 @@ func (s *Store[TTx]) CompleteTx(ctx context.Context, tx TTx, c *Claim, resp *Res
 // like a success. Errors are those of [Store.Complete]. For failures that are
 // safe to retry, use [Store.Release] (or roll back the claiming transaction).
 func (s *Store[TTx]) Fail(ctx context.Context, c *Claim, resp *Response) error {
-	return s.complete(ctx, s.dialect.DB(), c, StatusFailed, resp)
+	return s.complete(ctx, s.dialect.DB(), nil, c, StatusFailed, resp)
 }
 
 // FailTx is [Store.Fail] inside the caller's transaction tx. idem never
@@ -81,30 +81,31 @@ func (s *Store[TTx]) FailTx(ctx context.Context, tx TTx, c *Claim, resp *Respons
 	return s.completeTx(ctx, tx, c, StatusFailed, resp)
 }
 
-// complete stores resp as c's result with exec's Complete: on the pool, or
-// in a transaction whose claim wrote its record.
-func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, status Status, resp *Response) error {
-	return s.completeVia(ctx, c, status, resp, "complete", exec.Complete)
+// complete stores resp as c's result with exec's Complete: on the pool (tx
+// nil), or in transaction tx, whose claim wrote its record; tx is where a
+// body store that takes transactions writes the body (see storeBody).
+func (s *Store[TTx]) complete(ctx context.Context, exec Executor, tx *TTx, c *Claim, status Status, resp *Response) error {
+	return s.completeVia(ctx, tx, c, status, resp, "complete", exec.Complete)
 }
 
 // completeTx stores resp as c's result inside tx: with the dialect's
 // CompleteDeferred after a deferred claim, which wrote no record to update.
 func (s *Store[TTx]) completeTx(ctx context.Context, tx TTx, c *Claim, status Status, resp *Response) error {
 	if dc, ok := s.dialect.(DeferredClaimer[TTx]); ok && c != nil && c.deferred {
-		return s.completeVia(ctx, c, status, resp, "complete", func(ctx context.Context, p *CompleteParams) error {
+		return s.completeVia(ctx, &tx, c, status, resp, "complete", func(ctx context.Context, p *CompleteParams) error {
 			return deferredConflict(dc.CompleteDeferred(ctx, tx, deferredParams(c, p)))
 		})
 	}
-	return s.complete(ctx, s.dialect.Tx(tx), c, status, resp)
+	return s.complete(ctx, s.dialect.Tx(tx), &tx, c, status, resp)
 }
 
 // completeVia checks what a completion of c was given, builds its
 // parameters, and stores them with send, which runs the completion's
 // statement (and, pipelined, the commit); what names the step in errors.
-func (s *Store[TTx]) completeVia(ctx context.Context, c *Claim, status Status, resp *Response, what string,
+func (s *Store[TTx]) completeVia(ctx context.Context, tx *TTx, c *Claim, status Status, resp *Response, what string,
 	send func(ctx context.Context, p *CompleteParams) error,
 ) error {
-	p, err := s.completeParams(ctx, c, status, resp)
+	p, err := s.completeParams(ctx, tx, c, status, resp)
 	if err != nil {
 		return err
 	}
@@ -122,14 +123,14 @@ func (s *Store[TTx]) completeVia(ctx context.Context, c *Claim, status Status, r
 
 // completeParams checks what a completion was given and builds the
 // parameters it sends.
-func (s *Store[TTx]) completeParams(ctx context.Context, c *Claim, status Status, resp *Response) (*CompleteParams, error) {
+func (s *Store[TTx]) completeParams(ctx context.Context, tx *TTx, c *Claim, status Status, resp *Response) (*CompleteParams, error) {
 	if err := validateClaim(c); err != nil {
 		return nil, err
 	}
 	if err := s.validateResponse(resp); err != nil {
 		return nil, fmt.Errorf("idem: complete key %s: %w", digest.Key(c.Scope, c.Key), err)
 	}
-	resp, err := s.storeBody(ctx, c.Scope, c.Key, c.Token, resp)
+	resp, err := s.storeBody(ctx, tx, c.Scope, c.Key, c.Token, resp)
 	if err != nil {
 		return nil, err
 	}

@@ -222,7 +222,7 @@ func (m *middleware[TTx]) serveTransactional(w http.ResponseWriter, rq *request)
 	res, err := m.store.Do(ctx, rq.scope, rq.key, rq.fp, func(ctx context.Context, tx TTx) (*idem.Response, error) {
 		a := &attempt{tx: tx, key: rq.key, scope: rq.scope, requestID: rq.requestID}
 		cw := m.newCapture(w, rq, a)
-		m.spillTo(cw, m.putFunc(ctx, idem.DoClaim(ctx)))
+		m.spillTo(cw, m.putFunc(ctx, idem.DoClaim(ctx), &tx))
 		defer cw.abortSpill() // a panic of the handler
 		last = cw
 		m.runHandler(cw, rq, context.WithValue(ctx, attemptKey{}, a), a)

@@ -141,6 +141,19 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 				WHERE scope = ? AND idempotency_key = ?`, status, headers, scope, key)
 			return err
 		},
+		BodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore { return idemmysql.NewTableBodyStore(ns.db, cfg) },
+		BodyRows: func(ctx context.Context) (int, error) {
+			var n int
+			err := ns.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM idempotency_bodies`).Scan(&n)
+			return n, err
+		},
+		SetBodyChunk: func(ctx context.Context, address string, seq int64, data []byte) error {
+			return conformance.SetBodyChunkSQL(ctx, ns.db, address, seq, data)
+		},
+		DropBodyTable: func(ctx context.Context) error {
+			_, err := ns.db.ExecContext(ctx, `DROP TABLE idempotency_bodies`)
+			return err
+		},
 		Close: func() { _ = db.Close(); _ = ns.db.Close() },
 		ChildEnv: []string{
 			childDSNEnv + "=" + h.server.dsn(ns.name, !h.serverPrepared),

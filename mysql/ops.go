@@ -28,6 +28,9 @@ WHERE table_schema = DATABASE() AND table_name IN ('idempotency_keys', '` + migr
 	// 00002) included: it fails on a table that lacks one.
 	opsColumns = `SELECT ` + recordColumns + `, key_digest FROM idempotency_keys LIMIT 0`
 
+	// opsBodyColumns fails without the body table of migration 00004.
+	opsBodyColumns = `SELECT address, seq, data, written_at FROM idempotency_bodies LIMIT 0`
+
 	opsFindKey = `SELECT ` + recordColumns + `
 FROM idempotency_keys
 WHERE scope = ? AND idempotency_key = ?`
@@ -90,6 +93,19 @@ func (d *Dialect) Check(ctx context.Context) ([]idem.Problem, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	if len(schema) == 0 {
+		rows, err := d.db.QueryContext(ctx, opsBodyColumns)
+		if err == nil {
+			rows.Close()
+		} else if errors.Is(interpretError(err), idem.ErrStoreUnavailable) {
+			return nil, interpretError(err)
+		} else {
+			schema = append(schema, idem.Problem{
+				What: "table idempotency_bodies (migration 00004) is missing or lacks columns: a table body store (mysql.NewTableBodyStore) would fail",
+				Fix:  "restore the table from idem's migrations",
+			})
+		}
 	}
 	return append(problems, schema...), nil
 }
