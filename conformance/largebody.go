@@ -26,9 +26,14 @@ const LargeBodySize = 50 << 20
 // measured is the whole process's.
 func RunLargeBody[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Helper()
+	RunLargeBodyStore(t, h, dirBodyStores{})
+}
+
+// RunLargeBodyStore is [RunLargeBody] with a body store of bh.
+func RunLargeBodyStore[TTx any](t *testing.T, h Harness[TTx], bh BodyStoreHarness) {
+	t.Helper()
 	ns := h.Open(t.Context(), t)
-	bs, err := idem.NewDirBodyStore(t.TempDir())
-	require.NoError(t, err)
+	bs := bh.Open(t.Context(), t).Store
 	store, err := idem.New(ns.Dialect, &idem.Config{BodyStore: bs, MaxResponseBytes: 64 << 20, Logger: scannedLogger(t)})
 	require.NoError(t, err)
 	want := sha256.New()
