@@ -39,6 +39,10 @@ type BodyStoreFixture struct {
 	// Rewrite replaces the object at address by hand, bypassing idem,
 	// with edit's result on its bytes.
 	Rewrite func(ctx context.Context, t *testing.T, address string, edit func([]byte) []byte)
+	// PutBuffer is the memory one Put of Store holds by design, whatever
+	// the body's size (an object store's multipart part): the large-body
+	// case allows it on top of its bound. Zero for a store that streams.
+	PutBuffer int64
 }
 
 // RunBodyStore runs the body-store cases, on h's dialect with the body
