@@ -9,13 +9,14 @@
 #                                     bucket, run CMD with IDEM_TEST_S3_* exported, then stop
 #                                     the server it started (trap on exit) and exit with CMD's
 #                                     status; fails if the server does not come up
+#                                     (`bash .ci/s3.sh run bash`: a shell with the server up)
 #   bash .ci/s3.sh build              only build (or find) the binary and print its path
 #
 # Ports (loopback only, clear of the project's other servers): S3 18336, and the server's own
 # components on 18330-18335 and 18337 (master, volume, filer and their gRPC ports). Its
 # telemetry is off and it is bound to 127.0.0.1.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# No cd: CMD runs in the caller's directory (`cd contrib/idems3 && bash ../../.ci/s3.sh run go test ./...`).
 
 SEAWEEDFS_MODULE=github.com/seaweedfs/seaweedfs
 SEAWEEDFS_VERSION=v0.0.0-20261109003541-7506e5f91cd6
@@ -57,13 +58,13 @@ s3curl() {
 		-u "$ACCESS_KEY:$SECRET_KEY" -X "$1" "http://127.0.0.1:$S3_PORT$2" || true
 }
 
-# stop stops the server this run started (SIGTERM, then SIGKILL after 10s: its data is thrown
+# stop stops the server this run started (SIGTERM, then SIGKILL after 2s: its data is thrown
 # away), and removes its data.
 stop() {
 	if [ -n "${pid:-}" ] && kill -0 "$pid" 2>/dev/null; then
 		kill "$pid" 2>/dev/null || true
 		local i
-		for i in $(seq 20); do
+		for i in $(seq 4); do
 			kill -0 "$pid" 2>/dev/null || break
 			sleep 0.5
 		done

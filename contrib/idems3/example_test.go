@@ -30,7 +30,7 @@ import (
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if os.Getenv(endpointEnv) == "" && !s3Required() && flag.Lookup("test.run").Value.String() == "" {
-		fmt.Fprintf(os.Stderr, "idems3: %s is not set: the example does not run and the tests skip (bash .ci/s3.sh run go test ./...)\n", endpointEnv)
+		fmt.Fprintf(os.Stderr, "idems3: %s is not set: the example does not run and the tests skip (cd contrib/idems3 && bash ../../.ci/s3.sh run go test ./...)\n", endpointEnv)
 		_ = flag.Set("test.run", "^Test")
 	}
 	os.Exit(m.Run())

@@ -59,9 +59,9 @@ func s3Server(t testing.TB) server {
 	s := server{os.Getenv(endpointEnv), os.Getenv(bucketEnv), os.Getenv(accessKeyEnv), os.Getenv(secretKeyEnv)}
 	if s.endpoint == "" || s.bucket == "" {
 		if s3Required() {
-			t.Fatalf("idems3: %s and %s are not set, and CI or IDEM_TEST_REQUIRE_S3=1 requires an S3 server (bash .ci/s3.sh start)", endpointEnv, bucketEnv)
+			t.Fatalf("idems3: %s and %s are not set, and CI or IDEM_TEST_REQUIRE_S3=1 requires an S3 server (cd contrib/idems3 && bash ../../.ci/s3.sh run go test ./...)", endpointEnv, bucketEnv)
 		}
-		t.Skipf("idems3: %s and %s are not set; run the tests under `bash .ci/s3.sh run go test ./...`, or set IDEM_TEST_REQUIRE_S3=1 to fail instead of skipping", endpointEnv, bucketEnv)
+		t.Skipf("idems3: %s and %s are not set; run them under `bash ../../.ci/s3.sh run go test ./...`, or set IDEM_TEST_REQUIRE_S3=1 to fail instead of skipping", endpointEnv, bucketEnv)
 	}
 	return s
 }
