@@ -347,14 +347,3 @@ func testBodyTableLeasedAndVerdict[TTx any](t *testing.T, h Harness[TTx]) {
 		require.True(t, bytes.Equal(c.want.Body, got))
 	}
 }
-
-// listAll lists every object of bs, whenever written.
-func listAll(t *testing.T, bs idem.BodyStore) []string {
-	t.Helper()
-	var out []string
-	require.NoError(t, bs.List(t.Context(), time.Now().Add(24*time.Hour), func(a string) error {
-		out = append(out, a)
-		return nil
-	}))
-	return out
-}

@@ -194,7 +194,7 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, executorCases[TTx]()...)
 	all = append(all, validateCases[TTx]()...)
 	all = append(all, opsCases[TTx]()...)
-	all = append(all, bodyStoreCases[TTx]()...)
+	all = append(all, bodyStoreCases[TTx](dirBodyStores{})...)
 	all = append(all, bodyTableCases[TTx]()...)
 	all = append(all, decisionCases[TTx]()...)
 	return all
