@@ -110,7 +110,11 @@ func (sqliteHarness) open(t *testing.T) *namespace[*sql.Tx] {
 		require.NoError(t, err)
 	}
 	ns := sqlNamespace(idemsqlite.New(db), db)
-	ns.bodyTable = func(cfg *idem.TableBodyStoreConfig) idem.BodyStore { return idemsqlite.NewTableBodyStore(db, cfg) }
+	ns.bodyTable = func(cfg *idem.TableBodyStoreConfig) idem.BodyStore {
+		bs, err := idemsqlite.NewTableBodyStore(db, cfg)
+		require.NoError(t, err)
+		return bs
+	}
 	return ns
 }
 
@@ -261,7 +265,11 @@ func (h *pgHarness) open(t *testing.T) *namespace[pgx.Tx] {
 			_, err := pool.Exec(ctx, `UPDATE idempotency_keys SET response_status = $1::integer`, status)
 			return err
 		},
-		bodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore { return idempg.NewTableBodyStore(pool, cfg) },
+		bodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore {
+			bs, err := idempg.NewTableBodyStore(pool, cfg)
+			require.NoError(t, err)
+			return bs
+		},
 		dropBodies: func(ctx context.Context) error {
 			_, err := pool.Exec(ctx, `DROP TABLE idempotency_bodies`)
 			return err
@@ -358,7 +366,11 @@ func (h *mysqlHarness) open(t *testing.T) *namespace[*sql.Tx] {
 	) ENGINE = InnoDB`)
 	require.NoError(t, err)
 	ns := sqlNamespace(idemmysql.New(db), db)
-	ns.bodyTable = func(cfg *idem.TableBodyStoreConfig) idem.BodyStore { return idemmysql.NewTableBodyStore(db, cfg) }
+	ns.bodyTable = func(cfg *idem.TableBodyStoreConfig) idem.BodyStore {
+		bs, err := idemmysql.NewTableBodyStore(db, cfg)
+		require.NoError(t, err)
+		return bs
+	}
 	ns.breakTx = func(ctx context.Context, tx *sql.Tx) error {
 		var id int64
 		if err := tx.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&id); err != nil {

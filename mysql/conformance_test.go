@@ -141,7 +141,11 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 				WHERE scope = ? AND idempotency_key = ?`, status, headers, scope, key)
 			return err
 		},
-		BodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore { return idemmysql.NewTableBodyStore(ns.db, cfg) },
+		BodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore {
+			bs, err := idemmysql.NewTableBodyStore(ns.db, cfg)
+			require.NoError(t, err)
+			return bs
+		},
 		BodyRows: func(ctx context.Context) (int, error) {
 			var n int
 			err := ns.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM idempotency_bodies`).Scan(&n)

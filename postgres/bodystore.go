@@ -28,7 +28,6 @@ type TableBodyStore struct {
 	pool *pgxpool.Pool
 	cfg  bodytable.Config
 	st   bodyStatements
-	err  error
 }
 
 var _ idem.TxBodyStore[pgx.Tx] = (*TableBodyStore)(nil)
@@ -53,9 +52,8 @@ func newBodyStatements(schema string) bodyStatements {
 
 // NewTableBodyStore returns a TableBodyStore on pool; cfg may be nil.
 // Pass the [WithSchema] given to [New] and [Migrate]. An invalid option or
-// configuration makes every call fail with an error matching
-// [idem.ErrMisconfigured].
-func NewTableBodyStore(pool *pgxpool.Pool, cfg *idem.TableBodyStoreConfig, opts ...Option) *TableBodyStore {
+// configuration is an error matching [idem.ErrMisconfigured].
+func NewTableBodyStore(pool *pgxpool.Pool, cfg *idem.TableBodyStoreConfig, opts ...Option) (*TableBodyStore, error) {
 	o := applyOptions(opts)
 	var c idem.TableBodyStoreConfig
 	if cfg != nil {
@@ -68,14 +66,14 @@ func NewTableBodyStore(pool *pgxpool.Pool, cfg *idem.TableBodyStoreConfig, opts 
 	if o.err != nil {
 		err = o.err
 	}
-	return &TableBodyStore{pool: pool, cfg: bc, st: newBodyStatements(o.schema), err: err}
+	if err != nil {
+		return nil, err
+	}
+	return &TableBodyStore{pool: pool, cfg: bc, st: newBodyStatements(o.schema)}, nil
 }
 
 // Put implements [idem.BodyStore], in a transaction of its own.
 func (b *TableBodyStore) Put(ctx context.Context, name string, r io.Reader) (string, error) {
-	if b.err != nil {
-		return "", b.err
-	}
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
 		return "", interpretError(ctx, err)
@@ -94,9 +92,6 @@ func (b *TableBodyStore) Put(ctx context.Context, name string, r io.Reader) (str
 // PutTx implements [idem.TxBodyStore]: the rows are written in tx, which
 // an error leaves aborted.
 func (b *TableBodyStore) PutTx(ctx context.Context, tx pgx.Tx, name string, r io.Reader) (string, error) {
-	if b.err != nil {
-		return "", b.err
-	}
 	if tx == nil {
 		return "", errNilTx
 	}
@@ -118,9 +113,6 @@ func (b *TableBodyStore) PutTx(ctx context.Context, tx pgx.Tx, name string, r io
 // Open implements [idem.BodyStore]: the reader fetches one row per chunk,
 // on the pool, with ctx.
 func (b *TableBodyStore) Open(ctx context.Context, address string) (io.ReadCloser, error) {
-	if b.err != nil {
-		return nil, b.err
-	}
 	if !bodytable.ValidAddress(address) {
 		return nil, bodytable.ErrNotExist
 	}
@@ -139,9 +131,6 @@ func (b *TableBodyStore) Open(ctx context.Context, address string) (io.ReadClose
 
 // Delete implements [idem.BodyStore].
 func (b *TableBodyStore) Delete(ctx context.Context, address string) error {
-	if b.err != nil {
-		return b.err
-	}
 	if !bodytable.ValidAddress(address) {
 		return nil
 	}
@@ -151,9 +140,6 @@ func (b *TableBodyStore) Delete(ctx context.Context, address string) error {
 
 // List implements [idem.BodyStore], a page of addresses at a time.
 func (b *TableBodyStore) List(ctx context.Context, writtenBefore time.Time, fn func(address string) error) error {
-	if b.err != nil {
-		return b.err
-	}
 	return bodytable.List(ctx, func(ctx context.Context, after string, limit int) ([]string, error) {
 		rows, err := b.pool.Query(ctx, b.st.page, writtenBefore.UTC(), after, limit)
 		if err != nil {

@@ -169,7 +169,9 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 			return err
 		},
 		BodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore {
-			return idempg.NewTableBodyStore(pool, cfg, idempg.WithSchema(schema))
+			bs, err := idempg.NewTableBodyStore(pool, cfg, idempg.WithSchema(schema))
+			require.NoError(t, err)
+			return bs
 		},
 		BodyRows: func(ctx context.Context) (int, error) {
 			var n int

@@ -36,23 +36,23 @@ const (
 )
 
 // NewTableBodyStore returns a TableBodyStore on db, the *sql.DB of the
-// Dialect; cfg may be nil. An invalid configuration makes every call fail
-// with an error matching [idem.ErrMisconfigured].
-func NewTableBodyStore(db *sql.DB, cfg *idem.TableBodyStoreConfig) *TableBodyStore {
+// Dialect; cfg may be nil. An invalid configuration is an error matching
+// [idem.ErrMisconfigured].
+func NewTableBodyStore(db *sql.DB, cfg *idem.TableBodyStoreConfig) (*TableBodyStore, error) {
 	var c idem.TableBodyStoreConfig
 	if cfg != nil {
 		c = *cfg
 	}
 	bc, err := bodytable.NewConfig(c.ChunkSize, c.Now)
 	if err != nil {
-		err = fmt.Errorf("%w: idem: sqlite: table body store: %w", idem.ErrMisconfigured, err)
+		return nil, fmt.Errorf("%w: idem: sqlite: table body store: %w", idem.ErrMisconfigured, err)
 	}
 	return &TableBodyStore{s: bodytable.SQLStore{
-		DB: db, Cfg: bc, Err: err,
+		DB: db, Cfg: bc,
 		Insert: bodyInsert, Fetch: bodyFetch, Delete: bodyDelete, Page: bodyPage,
 		Time:     func(t time.Time) any { return micros(t) },
 		Classify: func(err error) error { return interpretError(err) },
-	}}
+	}}, nil
 }
 
 // Put implements [idem.BodyStore], in a transaction of its own.

@@ -78,7 +78,11 @@ func (harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*s
 				WHERE scope = ? AND idempotency_key = ?`, status, headers, scope, key)
 			return err
 		},
-		BodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore { return idemsqlite.NewTableBodyStore(db, cfg) },
+		BodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore {
+			bs, err := idemsqlite.NewTableBodyStore(db, cfg)
+			require.NoError(t, err)
+			return bs
+		},
 		BodyRows: func(ctx context.Context) (int, error) {
 			var n int
 			err := db.QueryRowContext(ctx, `SELECT count(*) FROM idempotency_bodies`).Scan(&n)

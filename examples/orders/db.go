@@ -96,7 +96,12 @@ func openSQLite(ctx context.Context, path string) (*database, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	return newDatabase(dialectSQLite, "SQLite file "+path, idemsqlite.New(db), idemsqlite.NewTableBodyStore(db, nil), &sqlOrders{db: db}, func() { _ = db.Close() }), nil
+	table, err := idemsqlite.NewTableBodyStore(db, nil)
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return newDatabase(dialectSQLite, "SQLite file "+path, idemsqlite.New(db), table, &sqlOrders{db: db}, func() { _ = db.Close() }), nil
 }
 
 // openPostgres opens a pgx URL. Its default_query_exec_mode parameter
@@ -131,7 +136,12 @@ func openPostgres(ctx context.Context, url, schema string) (*database, error) {
 	if schema != "" {
 		describe += ", schema " + schema
 	}
-	return newDatabase(dialectPostgres, describe, idempg.New(pool, opts...), idempg.NewTableBodyStore(pool, nil, opts...), orders, pool.Close), nil
+	table, err := idempg.NewTableBodyStore(pool, nil, opts...)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return newDatabase(dialectPostgres, describe, idempg.New(pool, opts...), table, orders, pool.Close), nil
 }
 
 // openMySQL opens a go-sql-driver DSN, adding the parameters idem needs:
@@ -164,7 +174,12 @@ func openMySQL(ctx context.Context, dsn string) (*database, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	return newDatabase(dialectMySQL, "MySQL/MariaDB "+cfg.Addr+"/"+cfg.DBName, idemmysql.New(db), idemmysql.NewTableBodyStore(db, nil), &sqlOrders{db: db}, func() { _ = db.Close() }), nil
+	table, err := idemmysql.NewTableBodyStore(db, nil)
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return newDatabase(dialectMySQL, "MySQL/MariaDB "+cfg.Addr+"/"+cfg.DBName, idemmysql.New(db), table, &sqlOrders{db: db}, func() { _ = db.Close() }), nil
 }
 
 // prepare applies idem's migrations, then the service's tables.

@@ -22,17 +22,12 @@ type SQLStore struct {
 	Time func(time.Time) any
 	// Classify translates a driver error (the dialect's interpretError).
 	Classify func(error) error
-	// Err, when set, is returned by every call (a misconfiguration).
-	Err error
 }
 
 var errNilTx = errors.New("idem: table body store: nil *sql.Tx")
 
 // Put writes the object in a transaction of its own.
 func (s *SQLStore) Put(ctx context.Context, name string, r io.Reader) (string, error) {
-	if s.Err != nil {
-		return "", s.Err
-	}
 	tx, err := s.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return "", s.Classify(err)
@@ -50,9 +45,6 @@ func (s *SQLStore) Put(ctx context.Context, name string, r io.Reader) (string, e
 
 // PutTx writes the object's rows in tx.
 func (s *SQLStore) PutTx(ctx context.Context, tx *sql.Tx, name string, r io.Reader) (string, error) {
-	if s.Err != nil {
-		return "", s.Err
-	}
 	if tx == nil {
 		return "", errNilTx
 	}
@@ -73,9 +65,6 @@ func (s *SQLStore) PutTx(ctx context.Context, tx *sql.Tx, name string, r io.Read
 
 // Open reads the object a row at a time, on the pool.
 func (s *SQLStore) Open(ctx context.Context, address string) (io.ReadCloser, error) {
-	if s.Err != nil {
-		return nil, s.Err
-	}
 	if !ValidAddress(address) {
 		return nil, ErrNotExist
 	}
@@ -106,9 +95,6 @@ func (s *SQLStore) fetch(ctx context.Context, address string, seq int64, buf []b
 
 // DeleteObject deletes every row of the object.
 func (s *SQLStore) DeleteObject(ctx context.Context, address string) error {
-	if s.Err != nil {
-		return s.Err
-	}
 	if !ValidAddress(address) {
 		return nil
 	}
@@ -118,9 +104,6 @@ func (s *SQLStore) DeleteObject(ctx context.Context, address string) error {
 
 // List pages through the objects written before writtenBefore.
 func (s *SQLStore) List(ctx context.Context, writtenBefore time.Time, fn func(string) error) error {
-	if s.Err != nil {
-		return s.Err
-	}
 	bound := s.Time(writtenBefore.UTC())
 	return List(ctx, func(ctx context.Context, after string, limit int) ([]string, error) {
 		rows, err := s.DB.QueryContext(ctx, s.Page, bound, after, limit)
