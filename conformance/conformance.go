@@ -173,6 +173,7 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, opsCases[TTx]()...)
 	all = append(all, bodyStoreCases[TTx]()...)
 	all = append(all, decisionCases[TTx]()...)
+	all = append(all, replayReadCases[TTx]()...)
 	return all
 }
 

@@ -373,6 +373,7 @@ SELECT 1 / (SELECT count(*)::integer FROM completed)`
 type statements struct {
 	claimInsert, claimLock, claimTryLock, claimReadLocked, claimRead, completeInsert,
 	takeover, get, complete, completeOrFail, release, renewLease, listStaleLeases, deleteExpired string
+	getCompleted string // replay.go
 }
 
 // tableRef matches the table's name in the constants above, not the longer
@@ -396,6 +397,6 @@ func newStatements(table string) *statements {
 		claimReadLocked: q(claimReadLocked), claimRead: q(claimRead), completeInsert: q(completeInsert),
 		takeover: q(takeover), get: q(get), complete: q(complete), completeOrFail: q(completeOrFail),
 		release: q(release), renewLease: q(renewLease), listStaleLeases: q(listStaleLeases),
-		deleteExpired: q(deleteExpired),
+		deleteExpired: q(deleteExpired), getCompleted: q(getCompleted),
 	}
 }
