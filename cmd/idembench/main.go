@@ -58,6 +58,10 @@
 //	redis     go-redis SetNX (SET key NX EX) in Redis; the bare transaction; SET key response
 //	httpplain POST /orders over loopback to a handler running the bare transaction
 //	http      the same through idemhttp's middleware; compared with httpplain
+//	httppk    GET over loopback to a handler answering from a plain primary-key
+//	          SELECT of a seeded record: the baseline of httpreplay
+//	httpreplay POST /orders through the middleware with a key completed before
+//	          the measurement (the stored response comes back); compared with httppk
 //
 // Each dialect works in a namespace of its own (a schema on PostgreSQL, a
 // database on MariaDB, a file on SQLite) migrated with the shipped
@@ -99,7 +103,7 @@ const (
 
 var allScenarios = []string{
 	"bare", "tx", "do", "separate", "leased", "replay", "get", "pkselect",
-	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http",
+	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http", "httppk", "httpreplay",
 }
 
 // config is the parsed command line.
