@@ -92,6 +92,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/workload"
 )
 
@@ -121,13 +122,15 @@ type config struct {
 	reaperRows   int
 	reaperPause  time.Duration
 	reaperBatch  int
-	seeds        int
-	hotWorkers   int
-	hotKeys      int
-	redisAddr    string
-	keep         bool
-	jsonPath     string
-	runID        string
+	// store is the Config of every Store the tool opens (-replay-read).
+	store      *idem.Config
+	seeds      int
+	hotWorkers int
+	hotKeys    int
+	redisAddr  string
+	keep       bool
+	jsonPath   string
+	runID      string
 }
 
 // target is one dialect and where to find it.
@@ -202,6 +205,7 @@ func runTarget(ctx context.Context, cfg *config, t target, log io.Writer) (*dial
 			return nil, err
 		}
 		defer b.close()
+		b.storeCfg = cfg.store
 		return runBackend(ctx, cfg, b, log)
 	case "mysql":
 		b, err := newMySQLBackend(ctx, t.dsn)
@@ -209,6 +213,7 @@ func runTarget(ctx context.Context, cfg *config, t target, log io.Writer) (*dial
 			return nil, err
 		}
 		defer b.close()
+		b.storeCfg = cfg.store
 		return runBackend(ctx, cfg, b, log)
 	default:
 		dir := t.dsn
@@ -223,6 +228,7 @@ func runTarget(ctx context.Context, cfg *config, t target, log io.Writer) (*dial
 			dir = d
 		}
 		b := newSQLiteBackend(dir)
+		b.storeCfg = cfg.store
 		return runBackend(ctx, cfg, b, log)
 	}
 }
@@ -247,6 +253,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&cfg.reaperRows, "reaper-rows", 100_000, "expired records seeded for the reaper scenario")
 	fs.DurationVar(&cfg.reaperPause, "reaper-pause", 0, "ReaperConfig.BatchPause of the reaper scenario (0: none, the default)")
 	fs.IntVar(&cfg.reaperBatch, "reaper-batch", 0, "ReaperConfig.BatchSize of the reaper scenario (0: the default, 1000)")
+	replayRead := fs.String("replay-read", "auto", "Config.ReplayRead of every store: auto, always (Do reads the key first; do then shows what it costs a new key) or never")
 	fs.IntVar(&cfg.seeds, "seeds", 1000, "completed records restored before every measurement; replay, get and pkselect read them")
 	fs.IntVar(&cfg.hotWorkers, "hot-workers", 100, "workers of the hotkeys scenario")
 	fs.IntVar(&cfg.hotKeys, "hot-keys", 10, "keys the hotkeys workers share at a time")
@@ -297,12 +304,17 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("-reps must be at least 1")
 	case cfg.prefill < 1 || cfg.reaperRows < 1 || cfg.seeds < 1 || cfg.hotWorkers < 1 || cfg.hotKeys < 1:
 		return nil, errors.New("-prefill, -reaper-rows, -seeds, -hot-workers and -hot-keys must be at least 1")
+	case !slices.Contains([]string{"auto", "always", "never"}, *replayRead):
+		return nil, fmt.Errorf("-replay-read %q: want auto, always or never", *replayRead)
 	case cfg.reaperPause < 0 || cfg.reaperBatch < 0:
 		return nil, errors.New("-reaper-pause and -reaper-batch must not be negative")
 	}
 	if cfg.warmup < 0 {
 		cfg.warmup = min(cfg.duration/5, time.Second)
 	}
+	cfg.store = &idem.Config{ReplayRead: map[string]idem.ReplayRead{
+		"auto": idem.ReplayReadAuto, "always": idem.ReplayReadAlways, "never": idem.ReplayReadNever,
+	}[*replayRead]}
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	cfg.runID = hex.EncodeToString(id[:])

@@ -131,7 +131,7 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			_ = db.Close()
 			return nil, err
 		}
-		store, err := idem.New(idemmysql.New(db), nil)
+		store, err := idem.New(idemmysql.New(db), b.storeCfg)
 		if err != nil {
 			_ = db.Close()
 			_ = adm.Close()

@@ -129,7 +129,7 @@ func newPGBackend(ctx context.Context, url string) (*backend[pgx.Tx], error) {
 			pool.Close()
 			return nil, err
 		}
-		store, err := idem.New(idempg.New(pool), nil)
+		store, err := idem.New(idempg.New(pool), b.storeCfg)
 		if err != nil {
 			pool.Close()
 			adm.Close()

@@ -115,6 +115,8 @@ type backend[TTx any] struct {
 	// business returns shape's statements, run in tx for tenant.
 	business func(shape workload.Shape) func(ctx context.Context, tx TTx, tenant string) error
 	close    func()
+	// storeCfg is the Config of the Stores open makes (nil: the defaults).
+	storeCfg *idem.Config
 }
 
 // inTx runs fn in a business transaction of s's dialect and commits it.

@@ -123,12 +123,12 @@ func newSQLiteBackend(dir string) *backend[*sql.Tx] {
 			}
 			dbs = append(dbs, db)
 		}
-		store, err := idem.New(idemsqlite.New(dbs[0]), nil)
+		store, err := idem.New(idemsqlite.New(dbs[0]), b.storeCfg)
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
-		readStore, err := idem.New(idemsqlite.New(dbs[1]), nil)
+		readStore, err := idem.New(idemsqlite.New(dbs[1]), b.storeCfg)
 		if err != nil {
 			closeAll()
 			return nil, err
