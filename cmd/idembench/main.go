@@ -58,8 +58,8 @@
 //	redis     go-redis SetNX (SET key NX EX) in Redis; the bare transaction; SET key response
 //	httpplain POST /orders over loopback to a handler running the bare transaction
 //	http      the same through idemhttp's middleware; compared with httpplain
-//	httppk    GET over loopback to a handler answering from a plain primary-key
-//	          SELECT of a seeded record: the baseline of httpreplay
+//	httppk    POST over loopback (the same request) to a handler answering from a
+//	          plain primary-key SELECT of a seeded record: the baseline of httpreplay
 //	httpreplay POST /orders through the middleware with a key completed before
 //	          the measurement (the stored response comes back); compared with httppk
 //

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -508,7 +509,8 @@ func (l *level[TTx]) httpScenarios(shape workload.Shape) []*scenario {
 		}},
 		{name: "httppk", op: func(ctx context.Context, _ int) error {
 			k := l.seeds[rand.IntN(len(l.seeds))] //nolint:gosec // workload randomness
-			return l.get(ctx, "/pk/"+url.PathEscape(k.scope)+"/"+url.PathEscape(k.key), http.StatusCreated)
+			_, err := l.post(ctx, "/pk/"+url.PathEscape(k.scope)+"/"+url.PathEscape(k.key), k.key, http.StatusCreated)
+			return err
 		}},
 		{name: "httpreplay", base: "httppk",
 			prepare: func(ctx context.Context) error {
@@ -541,16 +543,6 @@ func (l *level[TTx]) post(ctx context.Context, path, key string, want int) (http
 	return l.send(req, want)
 }
 
-// get sends GET path and checks the status.
-func (l *level[TTx]) get(ctx context.Context, path string, want int) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, l.httpSrv.URL+path, nil)
-	if err != nil {
-		return err
-	}
-	_, err = l.send(req, want)
-	return err
-}
-
 // send sends req, reads the whole answer and checks its status.
 func (l *level[TTx]) send(req *http.Request, want int) (http.Header, error) {
 	resp, err := l.httpCli.Do(req)
@@ -574,8 +566,9 @@ var orderRequest = []byte(`{"amount":{"value":"1999","currency":"EUR"},"items":[
 
 // newHTTPServer serves POST /idem/<shape>/orders through idemhttp and
 // POST /plain/<shape>/orders without it, both running the same business
-// transaction of the shape, and GET /pk/<scope>/<key>, which answers the
-// stored response after a plain primary-key SELECT of the record.
+// transaction of the shape, and POST /pk/<scope>/<key>, which reads the
+// request and answers the stored response after a plain primary-key
+// SELECT of the record.
 func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) func(context.Context, TTx, string) error,
 	pkSelect func(ctx context.Context, scope, key string) error,
 ) (*httptest.Server, error) {
@@ -614,9 +607,14 @@ func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) fu
 			write(w)
 		})
 	}
-	// The replay baseline: the record read by primary key, the stored
-	// response written, as an unprotected read endpoint would.
-	mux.HandleFunc("GET /pk/{scope}/{key}", func(w http.ResponseWriter, r *http.Request) {
+	// The replay baseline: the same request read, the record read by
+	// primary key, the stored response written, as an unprotected
+	// endpoint answering from one read would.
+	mux.HandleFunc("POST /pk/{scope}/{key}", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			http.Error(w, "no body", http.StatusBadRequest)
+			return
+		}
 		if err := pkSelect(r.Context(), r.PathValue("scope"), r.PathValue("key")); err != nil {
 			http.Error(w, "no record", http.StatusInternalServerError)
 			return
