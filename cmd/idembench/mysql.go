@@ -138,7 +138,7 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			return nil, err
 		}
 		return &pools[*sql.Tx]{
-			store: store, readStore: store, admin: sqlAdmin{adm}, pkSelect: sqlPKSelect(db),
+			store: store, readStore: store, admin: sqlAdmin{adm}, pkSelect: sqlPKSelect(db), storePKSelect: sqlPKSelect(db),
 			close: func() { _ = db.Close(); _ = adm.Close() },
 		}, nil
 	}

@@ -168,7 +168,7 @@ func runLevel[TTx any](ctx context.Context, l *level[TTx], res *dialectResult, r
 		defer func() { _ = l.redisAdmin.Close() }()
 	}
 	if cfg.wants("http") || cfg.wants("httpplain") || cfg.wants("httppk") || cfg.wants("httpreplay") {
-		srv, err := newHTTPServer(l.p.store, b.business, l.p.pkSelect)
+		srv, err := newHTTPServer(l.p.store, b.business, l.p.storePKSelect)
 		if err != nil {
 			return err
 		}

@@ -57,6 +57,10 @@ type pools[TTx any] struct {
 	readStore *idem.Store[TTx]
 	// pkSelect reads what a replay needs by primary key on readStore's pool.
 	pkSelect func(ctx context.Context, scope, key string) error
+	// storePKSelect is pkSelect on store's pool, the one the middleware
+	// replays from: the baseline of httpreplay (on SQLite, the writers' one
+	// connection; elsewhere pkSelect).
+	storePKSelect func(ctx context.Context, scope, key string) error
 	// admin runs the tool's own statements on the namespace.
 	admin admin
 	close func()

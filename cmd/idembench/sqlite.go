@@ -134,7 +134,7 @@ func newSQLiteBackend(dir string) *backend[*sql.Tx] {
 			return nil, err
 		}
 		return &pools[*sql.Tx]{
-			store: store, readStore: readStore, admin: sqlAdmin{dbs[2]}, pkSelect: sqlPKSelect(dbs[1]),
+			store: store, readStore: readStore, admin: sqlAdmin{dbs[2]}, pkSelect: sqlPKSelect(dbs[1]), storePKSelect: sqlPKSelect(dbs[0]),
 			close: closeAll,
 		}, nil
 	}
