@@ -86,6 +86,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -122,6 +123,7 @@ type config struct {
 	reaperRows   int
 	reaperPause  time.Duration
 	reaperBatch  int
+	cpuProfile   string
 	// store is the Config of every Store the tool opens (-replay-read).
 	store      *idem.Config
 	seeds      int
@@ -152,6 +154,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	m := machine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
 	if cfg.wants("redis") {
@@ -253,6 +266,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&cfg.reaperRows, "reaper-rows", 100_000, "expired records seeded for the reaper scenario")
 	fs.DurationVar(&cfg.reaperPause, "reaper-pause", 0, "ReaperConfig.BatchPause of the reaper scenario (0: none, the default)")
 	fs.IntVar(&cfg.reaperBatch, "reaper-batch", 0, "ReaperConfig.BatchSize of the reaper scenario (0: the default, 1000)")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (the tool's side: clients, idem, the HTTP server, SQLite) to this file")
 	replayRead := fs.String("replay-read", "auto", "Config.ReplayRead of every store: auto, always (Do reads the key first; do then shows what it costs a new key) or never")
 	fs.IntVar(&cfg.seeds, "seeds", 1000, "completed records restored before every measurement; replay, get and pkselect read them")
 	fs.IntVar(&cfg.hotWorkers, "hot-workers", 100, "workers of the hotkeys scenario")
