@@ -46,7 +46,9 @@ func FinalFailure(resp *Response) error { return &FinalFailureError{Response: re
 // the table: it begins a transaction, claims the key in it, runs fn with the
 // transaction, stores fn's response and commits, so the business rows and the
 // stored response commit together. A retry with the same fingerprint gets the
-// stored response (Result.Replayed) without running fn.
+// stored response (Result.Replayed) without running fn: from one read on the
+// pool when Config.ReplayRead has Do read first (see [ReplayRead]), otherwise
+// from the claim in Do's transaction.
 //
 // fn must touch the database only through tx, and nothing outside it: Do
 // runs it again when the transaction fails with [ErrRetryable] (a deadlock
@@ -80,9 +82,13 @@ func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, 
 	if fn == nil {
 		return nil, errors.New("idem: Do needs a callback")
 	}
+	if res := s.replayFirst(ctx, scope, key, fp); res != nil {
+		return res, nil
+	}
 	for try := 0; ; try++ {
 		res, err := s.doOnce(ctx, scope, key, fp, fn)
 		if err == nil || !errors.Is(err, ErrRetryable) || try >= s.cfg.MaxTxRetries || ctx.Err() != nil {
+			s.noteDo(res, err)
 			return res, err
 		}
 		s.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: retrying transaction",

@@ -28,7 +28,8 @@ type Observer struct {
 
 	// Claim is called once per claim: by [Store.Claim], [Store.ClaimTx],
 	// [Store.Acquire], and by [Store.Do] once per transaction it runs (a
-	// transaction run again after a conflict claims again).
+	// transaction run again after a conflict claims again), or once for a
+	// replay Do answered from its first read (see [ReplayRead]).
 	Claim func(ctx context.Context, e ClaimEvent)
 
 	// Complete is called once per completion statement: [Store.Complete],

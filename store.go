@@ -26,6 +26,8 @@ import (
 type Store[TTx any] struct {
 	dialect Dialect[TTx]
 	cfg     Config
+	// replays decides, with Config.ReplayRead, whether Do reads first (replay.go).
+	replays replayGate
 }
 
 // New returns a Store over dialect, such as postgres.New(pool). It performs

@@ -197,6 +197,7 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, bodyStoreCases[TTx](dirBodyStores{})...)
 	all = append(all, bodyTableCases[TTx]()...)
 	all = append(all, decisionCases[TTx]()...)
+	all = append(all, replayReadCases[TTx]()...)
 	return all
 }
 

@@ -86,7 +86,7 @@ func (ts *txStatements) prepare(ctx context.Context) {
 //
 // New performs no I/O, and the Dialect never closes db.
 func New(db *sql.DB) *Dialect {
-	return &Dialect{db: db, pool: &executor{h: db, pool: db, get: &preparedStmt{db: db, query: getSelect}}, stmts: newTxStatements(db)}
+	return &Dialect{db: db, pool: &executor{h: db, pool: db, get: &preparedStmt{db: db, query: getSelect}, getCompleted: &preparedStmt{db: db, query: getCompletedSelect}}, stmts: newTxStatements(db)}
 }
 
 // Name returns "sqlite".
@@ -148,8 +148,9 @@ func (d *Dialect) Rollback(_ context.Context, tx *sql.Tx) error {
 type executor struct {
 	h    dbtx
 	pool *sql.DB
-	// get is the pool's prepared Get; nil in a transaction.
-	get *preparedStmt
+	// get is the pool's prepared Get, getCompleted its GetCompleted
+	// (replay.go); nil in a transaction.
+	get, getCompleted *preparedStmt
 	// tx and stmts are set in a transaction: the statements Begin prepared.
 	tx    *sql.Tx
 	stmts *txStatements

@@ -131,14 +131,14 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			_ = db.Close()
 			return nil, err
 		}
-		store, err := idem.New(idemmysql.New(db), nil)
+		store, err := idem.New(idemmysql.New(db), b.storeCfg)
 		if err != nil {
 			_ = db.Close()
 			_ = adm.Close()
 			return nil, err
 		}
 		return &pools[*sql.Tx]{
-			store: store, readStore: store, admin: sqlAdmin{adm}, pkSelect: sqlPKSelect(db),
+			store: store, readStore: store, admin: sqlAdmin{adm}, pkSelect: sqlPKSelect(db), storePKSelect: sqlPKSelect(db),
 			close: func() { _ = db.Close(); _ = adm.Close() },
 		}, nil
 	}
