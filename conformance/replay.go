@@ -173,7 +173,7 @@ func testReplayReadCorruptRecord[TTx any](t *testing.T, h Harness[TTx]) {
 func testReplayReadBodyRef[TTx any](t *testing.T, h Harness[TTx]) {
 	for _, m := range replayModes {
 		t.Run(m.name, func(t *testing.T) {
-			ctx, b, _ := bodySetup(t, h, &idem.Config{ReplayRead: m.mode})
+			ctx, b, _ := bodySetup(t, h, dirBodyStores{}, &idem.Config{ReplayRead: m.mode})
 			w := newReplayWarmer(ctx, t, b)
 			big := bigResponse(200 << 10)
 			key := newKey("body")
