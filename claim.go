@@ -29,8 +29,9 @@ type Claim struct {
 	// not run the business effect again.
 	Replay *Record
 
-	// deferred is set by Do's deferred claims: no record exists yet, and
-	// the completion inserts it with fingerprint and createdAt.
+	// deferred is set by deferred claims ([DeferredClaimer]): no record
+	// exists yet, and the completion inserts it with fingerprint and
+	// createdAt.
 	deferred    bool
 	fingerprint Fingerprint
 	createdAt   time.Time
@@ -71,7 +72,7 @@ func (s *Store[TTx]) Claim(ctx context.Context, scope, key string, fp Fingerprin
 	// (possible on MySQL when claimers of one key pile up) lost nothing but
 	// that statement: trying again is safe, unlike inside a caller's tx.
 	for try := 0; ; try++ {
-		c, err := s.claim(ctx, s.dialect.DB(), onPool, scope, key, fp)
+		c, err := s.claim(ctx, &claimer{exec: s.dialect.DB(), site: onPool}, scope, key, fp)
 		if err == nil || !errors.Is(err, ErrRetryable) || try >= s.cfg.MaxTxRetries || ctx.Err() != nil {
 			return c, err
 		}
@@ -141,7 +142,7 @@ func (s *Store[TTx]) ClaimTx(ctx context.Context, tx TTx, scope, key string, fp 
 		start := time.Now()
 		defer func() { s.observeClaim(ctx, start, scope, key, c, err) }()
 	}
-	return s.claim(ctx, s.dialect.Tx(tx), inCallerTx, scope, key, fp)
+	return s.claim(ctx, &claimer{exec: s.dialect.Tx(tx), site: inCallerTx}, scope, key, fp)
 }
 
 // maxClaimRounds bounds how often a claim starts over when the record it
@@ -161,23 +162,64 @@ const (
 	// must not run: a stale lease answers in progress.
 	inCallerTx
 	// inDoTx: the transaction [Store.Do] began for itself. The claim is
-	// deferred (ClaimParams.Defer), since fn never sees the record, and a
-	// stale lease returns errStaleLease, which Do settles on the pool.
+	// deferred on a [DeferredClaimer], since fn never sees the record, and
+	// a stale lease returns errStaleLease, which Do settles on the pool.
 	inDoTx
 )
 
-// claim runs the decision table on exec from a first Claim statement.
-func (s *Store[TTx]) claim(ctx context.Context, exec Executor, site claimSite, scope, key string, fp Fingerprint) (*Claim, error) {
+// claimer runs the claim statements of one claim where it takes place:
+// Executor.Claim on exec or, in a transaction whose claims may defer, the
+// dialect's deferred claim until the dialect answers ErrSkipDefer.
+type claimer struct {
+	exec Executor
+	site claimSite
+	// deferred is the dialect's ClaimDeferred bound to the claim's
+	// transaction; nil when the claim writes its record.
+	deferred func(ctx context.Context, p *ClaimParams) (*ClaimResult, error)
+}
+
+// claimStep is the answer of one claim statement.
+type claimStep struct {
+	res *ClaimResult
+	err error
+	// deferred marks a Created answer of a deferred claim: nothing was
+	// written, and the completion must insert the record.
+	deferred bool
+}
+
+// run runs the claim statement p.
+func (cl *claimer) run(ctx context.Context, p *ClaimParams) claimStep {
+	if cl.deferred == nil {
+		res, err := cl.exec.Claim(ctx, p)
+		return claimStep{res: res, err: err}
+	}
+	res, err := cl.deferred(ctx, p)
+	return cl.deferredStep(ctx, p, res, err)
+}
+
+// deferredStep is the step a deferred claim statement p answered (res,
+// err). When the dialect skipped the deferral, p runs as Executor.Claim,
+// and so does every later claim statement of the transaction.
+func (cl *claimer) deferredStep(ctx context.Context, p *ClaimParams, res *ClaimResult, err error) claimStep {
+	if errors.Is(err, ErrSkipDefer) {
+		cl.deferred = nil
+		res, err = cl.exec.Claim(ctx, p)
+		return claimStep{res: res, err: err}
+	}
+	return claimStep{res: res, err: err, deferred: err == nil && res.Created}
+}
+
+// claim runs the decision table on cl from a first claim statement.
+func (s *Store[TTx]) claim(ctx context.Context, cl *claimer, scope, key string, fp Fingerprint) (*Claim, error) {
 	if err := validate(scope, key); err != nil {
 		return nil, err
 	}
-	p := s.claimParams(scope, key, fp, site)
-	res, err := exec.Claim(ctx, p)
-	return s.settleClaim(ctx, exec, site, p, res, err)
+	p := s.claimParams(scope, key, fp)
+	return s.settleClaim(ctx, cl, p, cl.run(ctx, p))
 }
 
-// claimParams are the parameters of one Claim statement, with a new token.
-func (s *Store[TTx]) claimParams(scope, key string, fp Fingerprint, site claimSite) *ClaimParams {
+// claimParams are the parameters of one claim statement, with a new token.
+func (s *Store[TTx]) claimParams(scope, key string, fp Fingerprint) *ClaimParams {
 	return &ClaimParams{
 		Scope:         scope,
 		Key:           key,
@@ -187,17 +229,16 @@ func (s *Store[TTx]) claimParams(scope, key string, fp Fingerprint, site claimSi
 		Retention:     s.cfg.Retention,
 		WaitTimeout:   s.cfg.WaitTimeout,
 		Now:           s.now(),
-		Defer:         site == inDoTx,
 	}
 }
 
-// settleClaim decides what the Claim statement p answered (res, err) means,
-// and claims again on exec while the record it met changed under it. The
+// settleClaim decides what the claim statement p answered (step) means,
+// and claims again on cl while the record it met changed under it. The
 // first statement is the caller's, so that Do's pipelined BeginClaim goes
 // through the same table.
-func (s *Store[TTx]) settleClaim(ctx context.Context, exec Executor, site claimSite, p *ClaimParams, res *ClaimResult, err error) (*Claim, error) {
+func (s *Store[TTx]) settleClaim(ctx context.Context, cl *claimer, p *ClaimParams, step claimStep) (*Claim, error) {
 	for round := 1; ; round++ {
-		c, again, err := s.decideClaim(ctx, exec, site, p, res, err)
+		c, again, err := s.decideClaim(ctx, cl, p, step)
 		if !again {
 			return c, err
 		}
@@ -205,15 +246,16 @@ func (s *Store[TTx]) settleClaim(ctx context.Context, exec Executor, site claimS
 			return nil, fmt.Errorf("idem: claim key %s: the record kept changing under concurrent writers: %w",
 				digest.Key(p.Scope, p.Key), ErrRetryable)
 		}
-		p = s.claimParams(p.Scope, p.Key, p.Fingerprint, site)
-		res, err = exec.Claim(ctx, p)
+		p = s.claimParams(p.Scope, p.Key, p.Fingerprint)
+		step = cl.run(ctx, p)
 	}
 }
 
-// decideClaim is the claim decision table for one answer of Executor.Claim.
-// again asks for another round: the record vanished or was taken over
-// before this claimer could act on it.
-func (s *Store[TTx]) decideClaim(ctx context.Context, exec Executor, site claimSite, p *ClaimParams, res *ClaimResult, err error) (_ *Claim, again bool, _ error) {
+// decideClaim is the claim decision table for one claim statement's
+// answer. again asks for another round: the record vanished or was taken
+// over before this claimer could act on it.
+func (s *Store[TTx]) decideClaim(ctx context.Context, cl *claimer, p *ClaimParams, step claimStep) (_ *Claim, again bool, _ error) {
+	res, err := step.res, step.err
 	if errors.Is(err, ErrNotFound) {
 		return nil, true, nil // the conflicting record vanished before we read it
 	}
@@ -230,12 +272,12 @@ func (s *Store[TTx]) decideClaim(ctx context.Context, exec Executor, site claimS
 	case res.Created:
 		s.logKey(ctx, p.Scope, p.Key, "acquired")
 		c := &Claim{Scope: p.Scope, Key: p.Key, Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt}
-		if res.Deferred {
+		if step.deferred {
 			c.deferred, c.fingerprint, c.createdAt = true, p.Fingerprint, rec.CreatedAt
 		}
 		return c, false, nil
 	case !rec.ExpiresAt.After(res.Now):
-		return s.takeoverExpired(ctx, exec, p, rec, res.Now)
+		return s.takeoverExpired(ctx, cl.exec, p, rec, res.Now)
 	case !rec.Fingerprint.Equal(p.Fingerprint):
 		kd := digest.Key(p.Scope, p.Key)
 		s.logOutcome(ctx, kd, "fingerprint_mismatch")
@@ -252,7 +294,7 @@ func (s *Store[TTx]) decideClaim(ctx context.Context, exec Executor, site claimS
 		return nil, false, &InProgressError{KeyDigest: kd, RetryAfter: rec.LeaseExpiresAt.Sub(res.Now)}
 	}
 	kd := digest.Key(p.Scope, p.Key)
-	c, err := s.claimStale(ctx, exec, site, rec, res.Now, kd)
+	c, err := s.claimStale(ctx, cl.exec, cl.site, rec, res.Now, kd)
 	if errors.Is(err, ErrFenced) {
 		return nil, true, nil // another claimer, a reaper or a renewal got to the record first
 	}

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -63,6 +64,77 @@ type TxPipeliner[TTx any] interface {
 	// must be rolled back; Dialect.Rollback on it is always safe.
 	CompleteCommit(ctx context.Context, tx TTx, p *CompleteParams) error
 }
+
+// DeferredClaimer is implemented, optionally, by a [Dialect] that can claim
+// a key inside a transaction without writing its record: the transaction
+// holds a lock on the key instead, and the completion inserts the finished
+// record, one row version where [Executor.Claim] and [Executor.Complete]
+// write two (an insert, then an update touching every index). Package
+// postgres takes a transaction-level advisory lock; package sqlite relies on
+// the write lock BEGIN IMMEDIATE took. [Store.Do] detects it by a type
+// assertion on the Dialect; a dialect without it (package mysql, whose row
+// is the lock) claims and completes with the Executor's methods. Every
+// decision stays with the Store, which treats a deferred claim's result as
+// that of Claim.
+//
+// Contract, clause by clause (tx is a transaction of Dialect.Begin; the
+// Executor's clauses on errors, Now and caller transactions apply too):
+//   - When the key has no record, ClaimDeferred writes nothing and returns
+//     Created, with Record the processing record the completion will insert:
+//     p's Token and Fingerprint, Attempt 1, CreatedAt = now, LeaseExpiresAt
+//     = now + LeaseDuration, ExpiresAt = now + Retention, as the dialect
+//     stores them.
+//   - From then until tx ends, tx holds the key's lock: every Executor.Claim
+//     of the key, on the pool or in another transaction, and every other
+//     ClaimDeferred waits for tx to end (bounded by its WaitTimeout, as in
+//     Claim) and then sees what tx committed; if tx rolls back, the key is
+//     free. No record of the key is created meanwhile by any of them.
+//   - When the key has a record, ClaimDeferred returns it with Created
+//     false, read by the rules of Claim: after a wait for a holder, as the
+//     holder committed it; expired records as they are.
+//   - A wait past WaitTimeout returns an *[InProgressError], as in Claim.
+//   - ClaimDeferred returns [ErrSkipDefer] when tx cannot hold the key
+//     without a row (PostgreSQL under REPEATABLE READ or SERIALIZABLE,
+//     whose snapshot may predate the lock); tx stays usable, and the Store
+//     claims with Executor.Claim in it and completes with Executor.Complete.
+//   - CompleteDeferred, after a Created ClaimDeferred in the same tx,
+//     inserts the finished record: p's Status, Response, Token, Fingerprint,
+//     CreatedAt and LeaseExpiresAt, Attempt 1, CompletedAt = UpdatedAt =
+//     now, ExpiresAt = now + Retention.
+//   - If a record for the key exists nonetheless (written by a claimer that
+//     does not take the key's lock, such as an older idem during a rolling
+//     upgrade), CompleteDeferred leaves it alone and returns [ErrFenced];
+//     tx may then be aborted, and the Store rolls it back.
+type DeferredClaimer[TTx any] interface {
+	// ClaimDeferred claims p's key in tx without writing a record for a
+	// free key (see the contract above).
+	ClaimDeferred(ctx context.Context, tx TTx, p *ClaimParams) (*ClaimResult, error)
+	// CompleteDeferred inserts the finished record of a deferred claim in tx.
+	CompleteDeferred(ctx context.Context, tx TTx, p *CompleteDeferredParams) error
+}
+
+// DeferredTxPipeliner is implemented, optionally, by a [Dialect] that is both
+// a [TxPipeliner] and a [DeferredClaimer] (package postgres): the pipelined
+// forms of the deferred claim, which [Store.Do] prefers to the others.
+type DeferredTxPipeliner[TTx any] interface {
+	TxPipeliner[TTx]
+	DeferredClaimer[TTx]
+	// BeginClaimDeferred is TxPipeliner.BeginClaim with the semantics and
+	// errors of ClaimDeferred in place of Claim's, [ErrSkipDefer] included
+	// (the transaction it returns is then open and usable).
+	BeginClaimDeferred(ctx context.Context, p *ClaimParams) (TTx, *ClaimResult, error)
+	// CompleteDeferredCommit is TxPipeliner.CompleteCommit with
+	// CompleteDeferred in place of Complete: when a record exists it
+	// returns [ErrFenced] and commits nothing.
+	CompleteDeferredCommit(ctx context.Context, tx TTx, p *CompleteDeferredParams) error
+}
+
+// ErrSkipDefer is returned by a [DeferredClaimer]'s claim when the
+// transaction cannot hold the key without writing its record, so that the
+// Store claims with [Executor.Claim] instead, as if the dialect did not
+// implement the interface (database/sql/driver's ErrSkip plays the same
+// part). The Store never returns it.
+var ErrSkipDefer = errors.New("idem: deferred claim unavailable in this transaction")
 
 // Executor runs the store's statements against one connection pool or one
 // transaction. Each method is one atomic step of the state machine; the
@@ -159,30 +231,16 @@ type ClaimParams struct {
 	WaitTimeout time.Duration
 	// Now pins the clock; nil means the database's clock.
 	Now *time.Time
-	// Defer asks for a deferred claim, and is set only by [Store.Do],
-	// inside a transaction of Dialect.Begin whose caller never sees the
-	// record before it is complete. A dialect that supports it writes
-	// nothing when the key is free: it takes a lock on the key that every
-	// Claim of the dialect also takes (or the database's write lock already
-	// serialises writers), held until the transaction ends, and reports
-	// Deferred. The completion then inserts the finished record (see
-	// CompleteParams.Insert): one row version instead of an insert and an
-	// update. The waiting and reading rules of Claim are unchanged. A
-	// dialect that does not support it ignores Defer and claims as usual.
-	Defer bool
 }
 
 // ClaimResult is the answer of [Executor.Claim].
 type ClaimResult struct {
 	// Record is the record as it is now: the new one when Created.
 	Record *Record
-	// Created is true when this call acquired the key: it inserted Record
-	// or, with Deferred, holds the key's lock and Record is the record the
-	// completion will insert (not yet written).
+	// Created is true when this call acquired the key: Claim inserted
+	// Record; a deferred claim ([DeferredClaimer]) holds the key's lock and
+	// Record is the record its completion will insert, not yet written.
 	Created bool
-	// Deferred is true when a claim with ClaimParams.Defer acquired the
-	// key without writing: the completion must insert the record.
-	Deferred bool
 	// Now is the database's time (or the pinned Now) at which Record was read.
 	Now time.Time
 }
@@ -249,13 +307,15 @@ type CompleteParams struct {
 	Retention time.Duration
 	// Now pins the clock; nil means the database's clock.
 	Now *time.Time
-	// Insert is set after a deferred claim (ClaimResult.Deferred): no
-	// record exists, and Complete inserts the finished record with Token,
-	// Fingerprint, Attempt 1, CreatedAt and LeaseExpiresAt, the times of the
-	// claim. If a record for the key exists nonetheless (written by a
-	// claimer that does not take the key's lock, such as an older idem),
-	// it is left alone and Complete returns [ErrFenced].
-	Insert         bool
+}
+
+// CompleteDeferredParams are the arguments of
+// [DeferredClaimer.CompleteDeferred]: those of a completion, and the values
+// of the claim that a plain completion finds in the record.
+type CompleteDeferredParams struct {
+	CompleteParams
+	// Fingerprint, CreatedAt and LeaseExpiresAt are those of the deferred
+	// claim's Record.
 	Fingerprint    Fingerprint
 	CreatedAt      time.Time
 	LeaseExpiresAt time.Time

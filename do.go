@@ -67,12 +67,12 @@ func FinalFailure(resp *Response) error { return &FinalFailureError{Response: re
 // Other errors are those of [Store.Claim].
 //
 // On a dialect that implements [TxPipeliner] (postgres), BEGIN is sent with
-// the claim and the completion with COMMIT, saving two round trips. On
-// PostgreSQL and SQLite the claim writes nothing: Do holds a lock on the key
-// (an advisory lock; SQLite's write lock) and the completion inserts the
-// finished record, one row version instead of an insert and an update (see
-// docs/design.md). fn therefore does not find the key's record through
-// [Store.GetTx] while it runs.
+// the claim and the completion with COMMIT, saving two round trips. On a
+// [DeferredClaimer] (postgres, sqlite) the claim writes nothing: Do holds a
+// lock on the key (an advisory lock; SQLite's write lock) and the
+// completion inserts the finished record, one row version instead of an
+// insert and an update (see docs/design.md). fn therefore does not find the
+// key's record through [Store.GetTx] while it runs.
 func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
 	if err := validate(scope, key); err != nil {
 		return nil, err
@@ -116,19 +116,10 @@ func (s *Store[TTx]) rollbackDo(ctx context.Context, t *doTx[TTx]) {
 // doOnce is one try of Do: its own transaction, the claim in it, fn, the
 // completion and the commit.
 func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerprint, fn doFunc[TTx]) (*Result, error) {
-	pipe, piped := s.dialect.(TxPipeliner[TTx])
 	var t doTx[TTx]
 	defer s.rollbackDo(ctx, &t) // runs during panics too
-	var (
-		c     *Claim
-		err   error
-		start = s.observeStart()
-	)
-	if piped {
-		c, err = s.beginClaimPipelined(ctx, pipe, &t, scope, key, fp)
-	} else {
-		c, err = s.beginAndClaim(ctx, &t, scope, key, fp)
-	}
+	start := s.observeStart()
+	c, err := s.beginClaim(ctx, &t, scope, key, fp)
 	if s.cfg.Observer != nil && !errors.Is(err, errStaleLease) {
 		// A failed BEGIN counts as the claim's outcome; a stale lease is
 		// reported by doStale's pool-level claim.
@@ -148,37 +139,70 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 	if err != nil {
 		return nil, err
 	}
-	if !piped {
+	send := s.completeCommitSend(t.tx, c)
+	if send == nil {
 		return s.completeAndCommit(ctx, &t, c, status, resp)
 	}
 	// The completion and COMMIT in one round trip. On an error nothing was
 	// committed (unless COMMIT's outcome is unknown, as with Commit) and the
 	// deferred Rollback is harmless.
-	if err := s.completeCommit(ctx, pipe, t.tx, c, status, resp); err != nil {
+	if err := s.completeVia(ctx, c, status, resp, "complete and commit", send); err != nil {
 		return nil, err
 	}
 	t.open = false
 	return &Result{Response: resp, Status: status}, nil
 }
 
-// beginAndClaim begins t and claims the key in it.
-func (s *Store[TTx]) beginAndClaim(ctx context.Context, t *doTx[TTx], scope, key string, fp Fingerprint) (*Claim, error) {
+// beginClaim begins t and claims the key in it: with BEGIN in the claim's
+// round trip on a [TxPipeliner], and deferred on a [DeferredClaimer].
+func (s *Store[TTx]) beginClaim(ctx context.Context, t *doTx[TTx], scope, key string, fp Fingerprint) (*Claim, error) {
+	p := s.claimParams(scope, key, fp)
+	switch d := s.dialect.(type) {
+	case DeferredTxPipeliner[TTx]:
+		tx, res, err := d.BeginClaimDeferred(ctx, p)
+		t.tx, t.open = tx, true
+		cl := s.doClaimer(tx)
+		return s.settleClaim(ctx, cl, p, cl.deferredStep(ctx, p, res, err))
+	case TxPipeliner[TTx]:
+		tx, res, err := d.BeginClaim(ctx, p)
+		t.tx, t.open = tx, true
+		cl := &claimer{exec: s.dialect.Tx(tx), site: inDoTx} // the first claim wrote: so do the others
+		return s.settleClaim(ctx, cl, p, claimStep{res: res, err: err})
+	}
 	tx, err := s.dialect.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("idem: begin: %w", err)
 	}
 	t.tx, t.open = tx, true
-	return s.claim(ctx, s.dialect.Tx(tx), inDoTx, scope, key, fp)
+	cl := s.doClaimer(tx)
+	return s.settleClaim(ctx, cl, p, cl.run(ctx, p))
 }
 
-// beginClaimPipelined sends BEGIN and the first claim statement in one round
-// trip; any later claim statement (a retry, a takeover) runs in the same
-// transaction, through the same decision table as claim.
-func (s *Store[TTx]) beginClaimPipelined(ctx context.Context, pipe TxPipeliner[TTx], t *doTx[TTx], scope, key string, fp Fingerprint) (*Claim, error) {
-	p := s.claimParams(scope, key, fp, inDoTx)
-	tx, res, err := pipe.BeginClaim(ctx, p)
-	t.tx, t.open = tx, true
-	return s.settleClaim(ctx, s.dialect.Tx(tx), inDoTx, p, res, err)
+// doClaimer runs the claim statements of Do's transaction tx: deferred on
+// a [DeferredClaimer], since fn never sees the record.
+func (s *Store[TTx]) doClaimer(tx TTx) *claimer {
+	cl := &claimer{exec: s.dialect.Tx(tx), site: inDoTx}
+	if dc, ok := s.dialect.(DeferredClaimer[TTx]); ok {
+		cl.deferred = func(ctx context.Context, p *ClaimParams) (*ClaimResult, error) {
+			return dc.ClaimDeferred(ctx, tx, p)
+		}
+	}
+	return cl
+}
+
+// completeCommitSend returns the function that completes c in tx and
+// commits tx in one round trip, or nil when the dialect has none for c's
+// kind of claim.
+func (s *Store[TTx]) completeCommitSend(tx TTx, c *Claim) func(ctx context.Context, p *CompleteParams) error {
+	if dp, ok := s.dialect.(DeferredTxPipeliner[TTx]); ok && c.deferred {
+		return func(ctx context.Context, p *CompleteParams) error {
+			return deferredConflict(dp.CompleteDeferredCommit(ctx, tx, deferredParams(c, p)))
+		}
+	}
+	if pipe, ok := s.dialect.(TxPipeliner[TTx]); ok && !c.deferred {
+		return func(ctx context.Context, p *CompleteParams) error { return pipe.CompleteCommit(ctx, tx, p) }
+	}
+	return nil
 }
 
 // doAnswer is Do's answer when fn is not to run: the claim's error, or the
@@ -221,7 +245,7 @@ func (s *Store[TTx]) runFn(ctx context.Context, tx TTx, c *Claim, fn doFunc[TTx]
 // neither rolled back nor, in doStale, is the claim released; a committed
 // claim left processing is settled after its lease by the status check.
 func (s *Store[TTx]) completeAndCommit(ctx context.Context, t *doTx[TTx], c *Claim, status Status, resp *Response) (*Result, error) {
-	if err := s.complete(ctx, s.dialect.Tx(t.tx), c, status, resp); err != nil {
+	if err := s.completeTx(ctx, t.tx, c, status, resp); err != nil {
 		return nil, err
 	}
 	t.open = false

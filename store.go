@@ -64,7 +64,7 @@ func (s *Store[TTx]) Complete(ctx context.Context, c *Claim, resp *Response) err
 // idem never commits or rolls back tx; the response becomes visible, and
 // durable, when the caller commits, together with the business rows.
 func (s *Store[TTx]) CompleteTx(ctx context.Context, tx TTx, c *Claim, resp *Response) error {
-	return s.complete(ctx, s.dialect.Tx(tx), c, StatusSucceeded, resp)
+	return s.completeTx(ctx, tx, c, StatusSucceeded, resp)
 }
 
 // Fail stores resp as the final, failed result of c: for failures that
@@ -78,47 +78,50 @@ func (s *Store[TTx]) Fail(ctx context.Context, c *Claim, resp *Response) error {
 // FailTx is [Store.Fail] inside the caller's transaction tx. idem never
 // commits or rolls back tx.
 func (s *Store[TTx]) FailTx(ctx context.Context, tx TTx, c *Claim, resp *Response) error {
-	return s.complete(ctx, s.dialect.Tx(tx), c, StatusFailed, resp)
+	return s.completeTx(ctx, tx, c, StatusFailed, resp)
 }
 
+// complete stores resp as c's result with exec's Complete: on the pool, or
+// in a transaction whose claim wrote its record.
 func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, status Status, resp *Response) error {
+	return s.completeVia(ctx, c, status, resp, "complete", exec.Complete)
+}
+
+// completeTx stores resp as c's result inside tx: with the dialect's
+// CompleteDeferred after a deferred claim, which wrote no record to update.
+func (s *Store[TTx]) completeTx(ctx context.Context, tx TTx, c *Claim, status Status, resp *Response) error {
+	if dc, ok := s.dialect.(DeferredClaimer[TTx]); ok && c != nil && c.deferred {
+		return s.completeVia(ctx, c, status, resp, "complete", func(ctx context.Context, p *CompleteParams) error {
+			return deferredConflict(dc.CompleteDeferred(ctx, tx, deferredParams(c, p)))
+		})
+	}
+	return s.complete(ctx, s.dialect.Tx(tx), c, status, resp)
+}
+
+// completeVia checks what a completion of c was given, builds its
+// parameters, and stores them with send, which runs the completion's
+// statement (and, pipelined, the commit); what names the step in errors.
+func (s *Store[TTx]) completeVia(ctx context.Context, c *Claim, status Status, resp *Response, what string,
+	send func(ctx context.Context, p *CompleteParams) error,
+) error {
 	p, err := s.completeParams(ctx, c, status, resp)
 	if err != nil {
 		return err
 	}
 	start := s.observeStart()
-	err = exec.Complete(ctx, p)
+	err = send(ctx, p)
 	if s.cfg.Observer != nil {
 		s.observeComplete(ctx, start, c, status, resp, err)
 	}
 	if err != nil {
-		return fmt.Errorf("idem: complete key %s: %w", digest.Key(c.Scope, c.Key), deferredConflict(c, err))
+		return fmt.Errorf("idem: %s key %s: %w", what, digest.Key(c.Scope, c.Key), err)
 	}
 	s.logKey(ctx, c.Scope, c.Key, completedOutcome(status))
 	return nil
 }
 
-// completeCommit is complete followed by the commit of tx, both through
-// pipe.CompleteCommit in one round trip.
-func (s *Store[TTx]) completeCommit(ctx context.Context, pipe TxPipeliner[TTx], tx TTx, c *Claim, status Status, resp *Response) error {
-	p, err := s.completeParams(ctx, c, status, resp)
-	if err != nil {
-		return err
-	}
-	start := s.observeStart()
-	err = pipe.CompleteCommit(ctx, tx, p)
-	if s.cfg.Observer != nil {
-		s.observeComplete(ctx, start, c, status, resp, err)
-	}
-	if err != nil {
-		return fmt.Errorf("idem: complete and commit key %s: %w", digest.Key(c.Scope, c.Key), deferredConflict(c, err))
-	}
-	s.logKey(ctx, c.Scope, c.Key, completedOutcome(status))
-	return nil
-}
-
-// completeParams checks what complete and completeCommit were given and
-// builds the parameters both send.
+// completeParams checks what a completion was given and builds the
+// parameters it sends.
 func (s *Store[TTx]) completeParams(ctx context.Context, c *Claim, status Status, resp *Response) (*CompleteParams, error) {
 	if err := validateClaim(c); err != nil {
 		return nil, err
@@ -131,18 +134,20 @@ func (s *Store[TTx]) completeParams(ctx context.Context, c *Claim, status Status
 		return nil, err
 	}
 	return &CompleteParams{
-		Scope:          c.Scope,
-		Key:            c.Key,
-		Token:          c.Token,
-		Status:         status,
-		Response:       resp,
-		Retention:      s.cfg.Retention,
-		Now:            s.now(),
-		Insert:         c.deferred,
-		Fingerprint:    c.fingerprint,
-		CreatedAt:      c.createdAt,
-		LeaseExpiresAt: c.LeaseExpiresAt,
+		Scope:     c.Scope,
+		Key:       c.Key,
+		Token:     c.Token,
+		Status:    status,
+		Response:  resp,
+		Retention: s.cfg.Retention,
+		Now:       s.now(),
 	}, nil
+}
+
+// deferredParams are the parameters of the completion p of the deferred
+// claim c.
+func deferredParams(c *Claim, p *CompleteParams) *CompleteDeferredParams {
+	return &CompleteDeferredParams{CompleteParams: *p, Fingerprint: c.fingerprint, CreatedAt: c.createdAt, LeaseExpiresAt: c.LeaseExpiresAt}
 }
 
 // deferredConflict marks ErrFenced from the completion of a deferred claim
@@ -150,8 +155,8 @@ func (s *Store[TTx]) completeParams(ctx context.Context, c *Claim, status Status
 // written by a claimer that does not take the lock (an older idem during a
 // rolling upgrade). The transaction is rolled back; Do's next try finds the
 // record and answers from it.
-func deferredConflict(c *Claim, err error) error {
-	if c.deferred && errors.Is(err, ErrFenced) {
+func deferredConflict(err error) error {
+	if errors.Is(err, ErrFenced) {
 		return fmt.Errorf("%w (a record for the key was written without its lock): %w", err, ErrRetryable)
 	}
 	return err

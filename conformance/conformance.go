@@ -104,6 +104,15 @@ type Features struct {
 	// WaitGranularity is the step WaitTimeout is rounded up to (1s on
 	// MySQL, whose innodb_lock_wait_timeout counts whole seconds).
 	WaitGranularity time.Duration
+	// DeferredClaims is true when the Dialect must implement
+	// idem.DeferredClaimer (PostgreSQL, SQLite), false when it must not
+	// (MySQL): the suite fails on a mismatch either way, so a dialect that
+	// loses the interface fails instead of skipping its cases.
+	DeferredClaims bool
+	// Pipelined is true when the Dialect must implement idem.TxPipeliner
+	// and, with DeferredClaims, idem.DeferredTxPipeliner (PostgreSQL); the
+	// suite fails on a mismatch either way.
+	Pipelined bool
 }
 
 // Run runs every conformance case against h as parallel subtests of t, in a

@@ -430,11 +430,6 @@ func (e *executor) Get(ctx context.Context, p *idem.GetParams) (*idem.Record, er
 // Complete implements idem.Executor. An empty body is stored as an empty
 // value, not NULL, and an empty header as NULL.
 func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
-	if p.Insert {
-		// Claim never reports Deferred here (the row is the lock), so no
-		// completion can have a record to insert.
-		return errors.New("idem: mysql: deferred completion without a deferred claim")
-	}
 	resp := p.Response
 	if resp == nil {
 		resp = &idem.Response{}

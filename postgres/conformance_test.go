@@ -202,6 +202,8 @@ func (h *harness) Features() conformance.Features {
 		TimePrecision:   time.Microsecond,
 		WaitAbortsTx:    true,
 		WaitGranularity: time.Millisecond, // lock_timeout counts milliseconds
+		DeferredClaims:  true,
+		Pipelined:       true,
 	}
 }
 

@@ -11,7 +11,10 @@ import (
 	"github.com/idemstore/idem"
 )
 
-var _ idem.TxPipeliner[pgx.Tx] = (*Dialect)(nil)
+var (
+	_ idem.TxPipeliner[pgx.Tx]         = (*Dialect)(nil)
+	_ idem.DeferredTxPipeliner[pgx.Tx] = (*Dialect)(nil)
+)
 
 // BeginClaim begins a transaction and claims p's key in it in one round
 // trip: the claim batch of the Executor's Claim with BEGIN queued first. It
@@ -21,6 +24,20 @@ var _ idem.TxPipeliner[pgx.Tx] = (*Dialect)(nil)
 // the batch failed before, it is closed and its Rollback returns
 // pgx.ErrTxClosed, which [Dialect.Rollback] ignores.
 func (d *Dialect) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, *idem.ClaimResult, error) {
+	return d.beginClaim(ctx, p, d.st.claimBatch)
+}
+
+// BeginClaimDeferred is [Dialect.BeginClaim] with the batch of
+// [Dialect.ClaimDeferred]: BEGIN, the key's lock tried, the record read.
+// It implements [idem.DeferredTxPipeliner]. With [idem.ErrSkipDefer] the
+// transaction it returns is open and usable.
+func (d *Dialect) BeginClaimDeferred(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, *idem.ClaimResult, error) {
+	return d.beginClaim(ctx, p, d.st.deferredClaimBatch)
+}
+
+// beginClaim sends BEGIN and the claim statements queue adds, in one batch
+// on a connection of its own, and finishes the claim in the transaction.
+func (d *Dialect) beginClaim(ctx context.Context, p *idem.ClaimParams, queue func(*pgx.Batch, *idem.ClaimParams) claimReader) (pgx.Tx, *idem.ClaimResult, error) {
 	if d.err != nil {
 		return closedTx{}, nil, d.err
 	}
@@ -30,7 +47,7 @@ func (d *Dialect) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, 
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	r := d.st.claimBatch(b, p)
+	r := queue(b, p)
 	br := conn.Conn().SendBatch(ctx, b)
 	tx := &pipeTx{tx: br.Tx(), conn: conn}
 	e := &executor{db: conn.Conn(), st: d.st} // inTx false: readBounded reads BEGIN first
@@ -42,8 +59,7 @@ func (d *Dialect) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, 
 	}
 	var res *idem.ClaimResult
 	if err == nil {
-		// A held lock, or a server whose default isolation is not READ
-		// COMMITTED: one more round trip, on this transaction only.
+		// A held lock: one more round trip, on this transaction only.
 		res, err = r.answer().finish(ctx, d.st, tx, p)
 	}
 	if err != nil {
@@ -66,9 +82,40 @@ func (d *Dialect) CompleteCommit(ctx context.Context, tx pgx.Tx, p *idem.Complet
 	if d.err != nil {
 		return d.err
 	}
+	args, err := completeArgs(p)
+	if err != nil {
+		return err
+	}
+	return d.completeCommit(ctx, tx, d.st.completeOrFail, args, codeDivisionByZero, func() error {
+		return d.Tx(tx).Complete(ctx, p)
+	})
+}
+
+// CompleteDeferredCommit is [Dialect.CompleteCommit] for a deferred claim:
+// the batch [completeInsert; COMMIT]. A record that exists regardless is a
+// unique violation (23505), which aborts the transaction and skips the
+// COMMIT; it returns [idem.ErrFenced], all rolled back. It implements
+// [idem.DeferredTxPipeliner].
+func (d *Dialect) CompleteDeferredCommit(ctx context.Context, tx pgx.Tx, p *idem.CompleteDeferredParams) error {
+	if d.err != nil {
+		return d.err
+	}
+	args, err := completeInsertArgs(p)
+	if err != nil {
+		return err
+	}
+	return d.completeCommit(ctx, tx, d.st.completeInsert, args, codeUniqueViolation, func() error {
+		return d.CompleteDeferred(ctx, tx, p)
+	})
+}
+
+// completeCommit sends the batch [query; COMMIT] on tx, a transaction of
+// beginClaim, and reports fenced when query fails with SQLSTATE fencedCode;
+// on another tx it runs unpiped (then Commit), in two round trips.
+func (d *Dialect) completeCommit(ctx context.Context, tx pgx.Tx, query string, args []any, fencedCode string, unpiped func() error) error {
 	pt, ok := tx.(*pipeTx)
 	if !ok {
-		if err := d.Tx(tx).Complete(ctx, p); err != nil {
+		if err := unpiped(); err != nil {
 			return err
 		}
 		return d.Commit(ctx, tx)
@@ -76,16 +123,12 @@ func (d *Dialect) CompleteCommit(ctx context.Context, tx pgx.Tx, p *idem.Complet
 	if pt.done {
 		return interpretError(ctx, pgx.ErrTxClosed)
 	}
-	query, args, err := d.st.completeQuery(p, true)
-	if err != nil {
-		return err
-	}
 	b := &pgx.Batch{}
 	b.Queue(query, args...)
 	b.Queue("COMMIT")
 	br := pt.tx.SendBatch(ctx, b)
-	_, err = br.Exec()
-	fenced := p.Insert && err != nil && isPgCode(err, codeUniqueViolation)
+	_, err := br.Exec()
+	fenced := err != nil && isPgCode(err, fencedCode)
 	var tag pgconn.CommandTag
 	if err == nil {
 		tag, err = br.Exec()
@@ -98,7 +141,7 @@ func (d *Dialect) CompleteCommit(ctx context.Context, tx pgx.Tx, p *idem.Complet
 	}
 	if err != nil {
 		_ = d.Rollback(context.WithoutCancel(ctx), pt) // also releases the connection
-		if fenced || (!p.Insert && isPgCode(err, codeDivisionByZero)) {
+		if fenced {
 			return idem.ErrFenced
 		}
 		return interpretError(ctx, err)

@@ -142,13 +142,59 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	if !e.inTx {
 		b.BeginTx(pgx.TxOptions{})
 	}
-	r := e.st.claimBatch(b, p)
+	return e.sendClaim(ctx, b, e.st.claimBatch(b, p), p)
+}
+
+// sendClaim sends the claim batch b, whose claim statements r reads, and
+// finishes the claim p.
+func (e *executor) sendClaim(ctx context.Context, b *pgx.Batch, r claimReader, p *idem.ClaimParams) (*idem.ClaimResult, error) {
 	if err := e.sendBounded(ctx, b, p.WaitTimeout, 0, r.readFirst, func(br pgx.BatchResults) error {
 		return r.readSecond(ctx, br)
 	}); err != nil {
 		return nil, err
 	}
 	return r.answer().finish(ctx, e.st, e.db, p)
+}
+
+var _ idem.DeferredClaimer[pgx.Tx] = (*Dialect)(nil)
+
+// ClaimDeferred implements [idem.DeferredClaimer] with the key's advisory
+// lock (keyLock1), which every claim that creates a record takes too: the
+// batch [claimTryLock; claimReadLocked] in tx, one round trip, and when
+// another transaction holds the lock a second one that waits for it
+// (claimLock) under lock_timeout = WaitTimeout. Outside READ COMMITTED it
+// returns [idem.ErrSkipDefer] (see claimLock), holding the lock.
+func (d *Dialect) ClaimDeferred(ctx context.Context, tx pgx.Tx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
+	if d.err != nil {
+		return nil, d.err
+	}
+	if tx == nil {
+		return nil, errNilTx
+	}
+	b := &pgx.Batch{}
+	e := &executor{db: tx, inTx: true, st: d.st}
+	return e.sendClaim(ctx, b, d.st.deferredClaimBatch(b, p), p)
+}
+
+// CompleteDeferred implements [idem.DeferredClaimer]: completeInsert in
+// tx. A record that exists regardless is a unique violation, which aborts
+// tx, reported as [idem.ErrFenced].
+func (d *Dialect) CompleteDeferred(ctx context.Context, tx pgx.Tx, p *idem.CompleteDeferredParams) error {
+	if d.err != nil {
+		return d.err
+	}
+	if tx == nil {
+		return errNilTx
+	}
+	args, err := completeInsertArgs(p)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, d.st.completeInsert, args...)
+	if isPgCode(err, codeUniqueViolation) {
+		return idem.ErrFenced
+	}
+	return interpretError(ctx, err)
 }
 
 // claimNext is what a claim batch, once read, leaves to do.
@@ -160,10 +206,10 @@ const (
 	// claimWaitForLock: a deferred claim's claimTryLock found the key's
 	// lock held; the claim waits for it (claimDeferredBounded).
 	claimWaitForLock
-	// claimInsertAfterAll: a deferred claim found no record in a snapshot
-	// that may predate the lock (see claimLock); the claim inserts after
-	// all (claimInserting).
-	claimInsertAfterAll
+	// claimSkipDefer: a deferred claim found no record in a snapshot that
+	// may predate the lock (see claimLock); the claim answers
+	// idem.ErrSkipDefer, and the Store claims with an insert after all.
+	claimSkipDefer
 )
 
 // claimAnswer is what a claim batch's reader made of its results.
@@ -180,8 +226,8 @@ func (a *claimAnswer) finish(ctx context.Context, st *statements, tx dbtx, p *id
 	switch a.next {
 	case claimWaitForLock:
 		return st.claimDeferredBounded(ctx, tx, p)
-	case claimInsertAfterAll:
-		return st.claimInserting(ctx, tx, p)
+	case claimSkipDefer:
+		return nil, idem.ErrSkipDefer
 	default:
 		return a.res, nil
 	}
@@ -210,32 +256,24 @@ func (st *statements) claimDeferredBounded(ctx context.Context, tx dbtx, p *idem
 	return r.finish(ctx, st, tx, p)
 }
 
-// claimInserting claims with an insert in tx, after a deferred claim found
-// the key free in a transaction whose snapshot may be stale (not READ
-// COMMITTED): the insert checks the newest committed state for a conflict,
-// and under REPEATABLE READ or SERIALIZABLE reports a record its snapshot
-// hides as a serialization failure. It already holds the key's lock.
-func (st *statements) claimInserting(ctx context.Context, tx dbtx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
-	again := *p
-	again.Defer = false
-	return (&executor{db: tx, inTx: true, st: st}).Claim(ctx, &again)
-}
-
 // claimBatch queues the claim's two statements on b, after what b already
 // holds, and returns the reader of their results: set lock_timeout and
-// insert, restore lock_timeout and read; for a deferred claim, try the key's
-// lock and read.
+// insert, restore lock_timeout and read.
 func (st *statements) claimBatch(b *pgx.Batch, p *idem.ClaimParams) claimReader {
 	now := pinnedNow(p.Now)
-	if p.Defer {
-		b.Queue(st.claimTryLock, p.Scope, p.Key, now)
-		b.Queue(st.claimReadLocked, p.Scope, p.Key)
-		return &tryLockReader{p: p}
-	}
 	b.Queue(st.claimInsert, p.Scope, p.Key, p.Fingerprint[:], p.Token,
 		p.LeaseDuration.Microseconds(), p.Retention.Microseconds(), now, lockTimeout(p.WaitTimeout))
 	b.Queue(st.claimRead, p.Scope, p.Key, now)
 	return &insertReader{p: p}
+}
+
+// deferredClaimBatch queues a deferred claim's two statements on b, after
+// what b already holds, and returns the reader of their results: try the
+// key's lock, and read.
+func (st *statements) deferredClaimBatch(b *pgx.Batch, p *idem.ClaimParams) claimReader {
+	b.Queue(st.claimTryLock, p.Scope, p.Key, pinnedNow(p.Now))
+	b.Queue(st.claimReadLocked, p.Scope, p.Key)
+	return &tryLockReader{p: p}
 }
 
 // insertReader reads [claimInsert; claimRead].
@@ -407,13 +445,13 @@ func closeRows(ctx context.Context, rows pgx.Rows) error {
 
 // acquireFree acquires a deferred claim on a free key, at now: its lock is
 // held, so nothing is written. Unless the snapshot may predate the lock
-// (see claimLock): then the claim inserts after all.
+// (see claimLock): then the claim is skipped, and the Store inserts.
 func acquireFree(p *idem.ClaimParams, isolation string, now time.Time) claimAnswer {
 	if isolation != "read committed" {
-		return claimAnswer{next: claimInsertAfterAll}
+		return claimAnswer{next: claimSkipDefer}
 	}
 	now = now.UTC().Truncate(time.Microsecond)
-	return claimAnswer{res: &idem.ClaimResult{Created: true, Deferred: true, Now: now, Record: &idem.Record{
+	return claimAnswer{res: &idem.ClaimResult{Created: true, Now: now, Record: &idem.Record{
 		Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
 		Status: idem.StatusProcessing, Token: p.Token, Attempt: 1,
 		LeaseExpiresAt: now.Add(p.LeaseDuration.Truncate(time.Microsecond)), CreatedAt: now, UpdatedAt: now,
@@ -490,27 +528,8 @@ func responseArgs(resp *idem.Response) (code int32, header, body []byte, _ error
 	return int32(resp.StatusCode), header, body, nil
 }
 
-// completeQuery returns the completion statement for p and its arguments:
-// complete (or, with orFail, completeOrFail), or for a deferred claim's
-// completion (p.Insert) completeInsert (completeInsertOrFail).
-func (st *statements) completeQuery(p *idem.CompleteParams, orFail bool) (string, []any, error) {
-	if p.Insert {
-		// completeInsert needs no OrFail variant: a conflict is an error.
-		args, err := completeInsertArgs(p)
-		return st.completeInsert, args, err
-	}
-	args, err := completeArgs(p)
-	if err != nil {
-		return "", nil, err
-	}
-	if orFail {
-		return st.completeOrFail, args, nil
-	}
-	return st.complete, args, nil
-}
-
 // completeInsertArgs returns the arguments of completeInsert.
-func completeInsertArgs(p *idem.CompleteParams) ([]any, error) {
+func completeInsertArgs(p *idem.CompleteDeferredParams) ([]any, error) {
 	code, header, body, err := responseArgs(p.Response)
 	if err != nil {
 		return nil, err
@@ -521,16 +540,13 @@ func completeInsertArgs(p *idem.CompleteParams) ([]any, error) {
 }
 
 // Complete stores the response while the record is processing and carries
-// p.Token, or, after a deferred claim, inserts the finished record.
+// p.Token.
 func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
-	query, args, err := e.st.completeQuery(p, false)
+	args, err := completeArgs(p)
 	if err != nil {
 		return err
 	}
-	tag, err := e.db.Exec(ctx, query, args...)
-	if p.Insert && err != nil && isPgCode(err, codeUniqueViolation) {
-		return idem.ErrFenced
-	}
+	tag, err := e.db.Exec(ctx, e.st.complete, args...)
 	if err != nil {
 		return interpretError(ctx, err)
 	}

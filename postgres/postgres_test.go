@@ -754,6 +754,59 @@ func TestDoUnderStricterDefaultIsolation(t *testing.T) {
 	})
 }
 
+// TestClaimDeferredSkipsOutsideReadCommitted: the ErrSkipDefer clause of
+// idem.DeferredClaimer. Under REPEATABLE READ or SERIALIZABLE a snapshot may
+// predate the key's lock, so a free key cannot be held without a row: the
+// deferred claim, unpiped or with BEGIN, answers ErrSkipDefer, and the
+// transaction stays usable for the Executor's Claim and Complete.
+func TestClaimDeferredSkipsOutsideReadCommitted(t *testing.T) {
+	t.Parallel()
+	// Not through a transaction pooler: PgBouncer refuses the default_transaction_isolation startup parameter.
+	forEachMode(t, func(t *testing.T, mode pgx.QueryExecMode) {
+		ctx, b := setup(t, mode)
+		complete := func(p *idem.ClaimParams) *idem.CompleteParams {
+			return &idem.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Status: idem.StatusSucceeded,
+				Response: &idem.Response{StatusCode: 201, Body: []byte("x")}, Retention: time.Hour}
+		}
+		check := func(p *idem.ClaimParams, what string) {
+			rec, err := b.dialect.DB().Get(ctx, &idem.GetParams{Scope: p.Scope, Key: p.Key})
+			require.NoError(t, err, what)
+			require.Equal(t, idem.StatusSucceeded, rec.Status, what)
+			require.Equal(t, p.Token, rec.Token, what)
+		}
+		for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+			p := claimParams(newKey())
+			tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
+			_, err = b.dialect.ClaimDeferred(ctx, tx, p)
+			require.ErrorIs(t, err, idem.ErrSkipDefer, iso)
+			res, err := b.dialect.Tx(tx).Claim(ctx, p)
+			require.NoError(t, err, "%s: the transaction stays usable", iso)
+			require.True(t, res.Created, iso)
+			require.NoError(t, b.dialect.Tx(tx).Complete(ctx, complete(p)), iso)
+			require.NoError(t, tx.Commit(ctx), iso)
+			check(p, string(iso))
+		}
+
+		cfg := b.pool.Config()
+		cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		d := idempg.New(pool, idempg.WithSchema(b.schema))
+		p := claimParams(newKey())
+		tx, _, err := d.BeginClaimDeferred(ctx, p)
+		t.Cleanup(func() { _ = d.Rollback(context.WithoutCancel(ctx), tx) })
+		require.ErrorIs(t, err, idem.ErrSkipDefer, "pipelined")
+		res, err := d.Tx(tx).Claim(ctx, p)
+		require.NoError(t, err, "pipelined: the transaction stays usable")
+		require.True(t, res.Created)
+		require.NoError(t, d.CompleteCommit(ctx, tx, complete(p)))
+		check(p, "pipelined")
+	})
+}
+
 // TestMigrateClosedPoolIsUnavailable: Migrate classifies like the Executor.
 func TestMigrateClosedPoolIsUnavailable(t *testing.T) {
 	t.Parallel()

@@ -115,7 +115,7 @@ const keyLock1 = `pg_advisory_xact_lock(` + keyHash1 + `)::text`
 const keyHash1 = `hashtextextended($2::text,
 		hashtextextended($1::text, 'idempotency_keys'::regclass::oid::bigint))`
 
-// claimLock is the first statement of a deferred claim (ClaimParams.Defer,
+// claimLock is the first statement of a deferred claim (ClaimDeferred,
 // Do's): it saves the caller's lock_timeout, sets ours ($3), and takes the
 // key's lock, which waits for any transaction that created a record for the
 // key (or holds a deferred claim) and has not ended; no row is written. It
@@ -125,8 +125,8 @@ const keyHash1 = `hashtextextended($2::text,
 // one), so it sees the commit of the holder it waited for. The statement
 // returns the transaction's isolation level: under REPEATABLE READ or
 // SERIALIZABLE the snapshot dates from the transaction's first statement,
-// and an absent record proves nothing, so the executor then claims with an
-// insert after all. The target list runs left to right: the timeout is in
+// and an absent record proves nothing, so the claim answers
+// idem.ErrSkipDefer and the Store claims with an insert. The target list runs left to right: the timeout is in
 // place before the wait begins.
 const claimLock = `SELECT current_setting('transaction_isolation')
 FROM (

@@ -98,6 +98,7 @@ func (harness) Features() conformance.Features {
 		TimePrecision:   time.Microsecond,
 		SingleWriter:    true,
 		WaitGranularity: time.Millisecond,
+		DeferredClaims:  true,
 	}
 }
 

@@ -66,7 +66,7 @@ WHERE scope = ? AND idempotency_key = ? AND token = ?`
 	completed_at = ?, updated_at = ?, expires_at = ?
 WHERE scope = ? AND idempotency_key = ? AND token = ? AND status = 1`
 
-	// completeInsert is the completion of a deferred claim (Do's): it writes
+	// completeInsert is the completion of a deferred claim (CompleteDeferred): it writes
 	// the finished record in one statement. DO NOTHING leaves a record that
 	// exists regardless alone; RowsAffected 0 then means fenced.
 	completeInsert = `INSERT INTO idempotency_keys (

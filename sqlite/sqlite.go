@@ -206,20 +206,28 @@ func (e *executor) Claim(ctx context.Context, p *idem.ClaimParams) (*idem.ClaimR
 	// A caller's transaction from a DB opened by Open holds the write lock
 	// since its BEGIN IMMEDIATE: no other writer can hold the key
 	// uncommitted, and nothing can change between the two statements.
-	if p.Defer {
-		return claimDeferred(ctx, e, p)
-	}
 	return claim(ctx, e, p)
 }
 
-// claimDeferred is Do's claim: the transaction's write lock, held since
-// BEGIN IMMEDIATE, already keeps every other claimer of the key out until
-// it ends, so a free key needs no write now; the completion inserts the
-// finished record (completeInsert). Under the single write lock that saves
-// a whole statement's work (an insert then an update of the same row
-// become one insert), which is what a SQLite transaction's throughput is
-// made of. The read sees the latest commit: an IMMEDIATE transaction's
-// snapshot is taken with the write lock.
+var _ idem.DeferredClaimer[*sql.Tx] = (*Dialect)(nil)
+
+// ClaimDeferred implements [idem.DeferredClaimer]: tx's write lock, held
+// since BEGIN IMMEDIATE, already keeps every other claimer of the key out
+// until tx ends, so a free key needs no write now; the completion inserts
+// the finished record ([Dialect.CompleteDeferred]). Under the single write
+// lock that saves a whole statement's work (an insert then an update of the
+// same row become one insert), which is what a SQLite transaction's
+// throughput is made of. The read sees the latest commit: an IMMEDIATE
+// transaction's snapshot is taken with the write lock. tx must have begun
+// with BEGIN IMMEDIATE (see [Dialect.Tx]).
+func (d *Dialect) ClaimDeferred(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (*idem.ClaimResult, error) {
+	if tx == nil {
+		return nil, errNilTx
+	}
+	return claimDeferred(ctx, &executor{h: tx, tx: tx, stmts: d.stmts}, p)
+}
+
+// claimDeferred is ClaimDeferred on e, an executor in the transaction.
 func claimDeferred(ctx context.Context, e *executor, p *idem.ClaimParams) (*idem.ClaimResult, error) {
 	now := clock(p.Now)
 	rec, err := scanRecord(e.txQueryRow(ctx, stmtClaimSelect, claimSelect, p.Scope, p.Key))
@@ -235,7 +243,7 @@ func claimDeferred(ctx context.Context, e *executor, p *idem.ClaimParams) (*idem
 		LeaseExpiresAt: fromMicros(micros(now.Add(p.LeaseDuration))), CreatedAt: now, UpdatedAt: now,
 		ExpiresAt: fromMicros(micros(now.Add(p.Retention))),
 	}
-	return &idem.ClaimResult{Record: rec, Created: true, Deferred: true, Now: now}, nil
+	return &idem.ClaimResult{Record: rec, Created: true, Now: now}, nil
 }
 
 // claimOnConn runs the claim in a BEGIN IMMEDIATE transaction on a
@@ -397,35 +405,59 @@ func (p *preparedStmt) stmt(ctx context.Context) *sql.Stmt {
 
 // Complete implements idem.Executor.
 func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
-	if p.Response == nil {
-		return errors.New("idem: sqlite: complete needs a response")
-	}
-	headers, err := codec.EncodeHeader(p.Response.Header)
+	headers, body, err := responseArgs(p.Response)
 	if err != nil {
 		return err
 	}
-	body := p.Response.Body
-	if body == nil {
-		// Stored as an empty BLOB, not NULL: a replay gets back exactly
-		// the (empty) body.
-		body = []byte{}
-	}
 	now := clock(p.Now)
-	nowArg := any(micros(now)) // boxed once for its two or three uses
-	if p.Insert {
-		res, err := e.txExec(ctx, stmtCompleteInsert, completeInsert,
-			p.Scope, p.Key, p.Fingerprint[:], int64(p.Status), p.Token, micros(p.LeaseExpiresAt),
-			p.Response.StatusCode, headers, body,
-			micros(p.CreatedAt), nowArg, nowArg, micros(now.Add(p.Retention)), keyDigest(p.Scope, p.Key),
-		)
-		return affectedOne(res, err)
-	}
+	nowArg := any(micros(now)) // boxed once for its two uses
 	res, err := e.txExec(ctx, stmtCompleteUpdate, completeUpdate,
 		int64(p.Status), p.Response.StatusCode, headers, body,
 		nowArg, nowArg, micros(now.Add(p.Retention)),
 		p.Scope, p.Key, p.Token,
 	)
 	return affectedOne(res, err)
+}
+
+// CompleteDeferred implements [idem.DeferredClaimer]: it inserts the
+// finished record (completeInsert). A record that exists regardless makes
+// the insert do nothing (ON CONFLICT DO NOTHING), reported as
+// [idem.ErrFenced].
+func (d *Dialect) CompleteDeferred(ctx context.Context, tx *sql.Tx, p *idem.CompleteDeferredParams) error {
+	if tx == nil {
+		return errNilTx
+	}
+	headers, body, err := responseArgs(p.Response)
+	if err != nil {
+		return err
+	}
+	e := &executor{h: tx, tx: tx, stmts: d.stmts}
+	now := clock(p.Now)
+	nowArg := any(micros(now)) // boxed once for its two uses
+	res, err := e.txExec(ctx, stmtCompleteInsert, completeInsert,
+		p.Scope, p.Key, p.Fingerprint[:], int64(p.Status), p.Token, micros(p.LeaseExpiresAt),
+		p.Response.StatusCode, headers, body,
+		micros(p.CreatedAt), nowArg, nowArg, micros(now.Add(p.Retention)), keyDigest(p.Scope, p.Key),
+	)
+	return affectedOne(res, err)
+}
+
+// responseArgs returns the stored forms of resp's headers and body.
+func responseArgs(resp *idem.Response) (headers, body []byte, _ error) {
+	if resp == nil {
+		return nil, nil, errors.New("idem: sqlite: complete needs a response")
+	}
+	headers, err := codec.EncodeHeader(resp.Header)
+	if err != nil {
+		return nil, nil, err
+	}
+	body = resp.Body
+	if body == nil {
+		// Stored as an empty BLOB, not NULL: a replay gets back exactly
+		// the (empty) body.
+		body = []byte{}
+	}
+	return headers, body, nil
 }
 
 // Release implements idem.Executor.
