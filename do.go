@@ -167,7 +167,7 @@ func (s *Store[TTx]) beginClaim(ctx context.Context, t *doTx[TTx], scope, key st
 	case DeferredTxPipeliner[TTx]:
 		tx, res, err := d.BeginClaimDeferred(ctx, p)
 		t.tx, t.open = tx, true
-		cl := s.doClaimer(tx)
+		cl := s.txClaimer(tx, inDoTx)
 		return s.settleClaim(ctx, cl, p, cl.deferredStep(ctx, p, res, err))
 	case TxPipeliner[TTx]:
 		tx, res, err := d.BeginClaim(ctx, p)
@@ -180,20 +180,8 @@ func (s *Store[TTx]) beginClaim(ctx context.Context, t *doTx[TTx], scope, key st
 		return nil, fmt.Errorf("idem: begin: %w", err)
 	}
 	t.tx, t.open = tx, true
-	cl := s.doClaimer(tx)
+	cl := s.txClaimer(tx, inDoTx)
 	return s.settleClaim(ctx, cl, p, cl.run(ctx, p))
-}
-
-// doClaimer runs the claim statements of Do's transaction tx: deferred on
-// a [DeferredClaimer], since fn never sees the record.
-func (s *Store[TTx]) doClaimer(tx TTx) *claimer {
-	cl := &claimer{exec: s.dialect.Tx(tx), site: inDoTx}
-	if dc, ok := s.dialect.(DeferredClaimer[TTx]); ok {
-		cl.deferred = func(ctx context.Context, p *ClaimParams) (*ClaimResult, error) {
-			return dc.ClaimDeferred(ctx, tx, p)
-		}
-	}
-	return cl
 }
 
 // completeCommitSend returns the function that completes c in tx and

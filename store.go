@@ -94,9 +94,15 @@ func (s *Store[TTx]) complete(ctx context.Context, exec Executor, tx *TTx, c *Cl
 // CompleteDeferred after a deferred claim, which wrote no record to update.
 func (s *Store[TTx]) completeTx(ctx context.Context, tx TTx, c *Claim, status Status, resp *Response) error {
 	if dc, ok := s.dialect.(DeferredClaimer[TTx]); ok && c != nil && c.deferred {
-		return s.completeVia(ctx, &tx, c, status, resp, "complete", func(ctx context.Context, p *CompleteParams) error {
+		err := s.completeVia(ctx, &tx, c, status, resp, "complete", func(ctx context.Context, p *CompleteParams) error {
 			return deferredConflict(dc.CompleteDeferred(ctx, tx, deferredParams(c, p)))
 		})
+		if err == nil {
+			// The record exists now: a later completion or release of c
+			// finds it completed, as after Complete.
+			c.deferred = false
+		}
+		return err
 	}
 	return s.complete(ctx, s.dialect.Tx(tx), &tx, c, status, resp)
 }
@@ -173,9 +179,20 @@ func (s *Store[TTx]) Release(ctx context.Context, c *Claim) error {
 }
 
 // ReleaseTx is [Store.Release] inside the caller's transaction tx. idem never
-// commits or rolls back tx.
+// commits or rolls back tx. After a deferred claim (PostgreSQL, SQLite; see
+// [Store.ClaimTx]) there is no record to delete: the key's lock keeps other
+// claimers waiting until tx ends, as the deleted record's lock would, and
+// a commit leaves the key free.
 func (s *Store[TTx]) ReleaseTx(ctx context.Context, tx TTx, c *Claim) error {
-	return s.release(ctx, s.dialect.Tx(tx), c)
+	if c == nil || !c.deferred {
+		return s.release(ctx, s.dialect.Tx(tx), c)
+	}
+	if err := validateClaim(c); err != nil {
+		return err
+	}
+	c.deferred = false // released: a later completion or release of c is fenced, as after Release
+	s.logOutcome(ctx, digest.Key(c.Scope, c.Key), "released")
+	return nil
 }
 
 func (s *Store[TTx]) release(ctx context.Context, exec Executor, c *Claim) error {
@@ -199,8 +216,12 @@ func (s *Store[TTx]) Get(ctx context.Context, scope, key string) (*Record, error
 	return s.get(ctx, s.dialect.DB(), scope, key)
 }
 
-// GetTx is [Store.Get] inside the caller's transaction tx, which sees the
-// transaction's own uncommitted claim. idem never commits or rolls back tx.
+// GetTx is [Store.Get] inside the caller's transaction tx, which sees what
+// tx wrote: on MySQL the record of its own uncommitted claim; on PostgreSQL
+// and SQLite, whose claims in a transaction are deferred and write no record
+// until the completion (see [Store.ClaimTx]), the completed record once
+// CompleteTx ran, and ErrNotFound before. idem never commits or rolls back
+// tx.
 func (s *Store[TTx]) GetTx(ctx context.Context, tx TTx, scope, key string) (*Record, error) {
 	return s.get(ctx, s.dialect.Tx(tx), scope, key)
 }

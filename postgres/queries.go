@@ -138,11 +138,19 @@ FROM (
 // claimTryLock is the first statement of a deferred claim: it tries the
 // key's lock without waiting, so the common case needs no lock_timeout
 // juggling. When another transaction holds the lock, the executor runs
-// claimLock and claimRead, which wait under our lock_timeout. It also
-// returns the isolation level, for the reason given at claimLock, and the
-// clock: the claim's time.
-const claimTryLock = `SELECT ` + keyTryLock1 + `, current_setting('transaction_isolation'),
-	COALESCE($3::timestamptz, clock_timestamp())`
+// claimLock and claimRead, which wait under our lock_timeout. As claimInsert
+// does, it first looks for a committed record and, when one is visible,
+// takes no lock and returns NULL (CASE evaluates only the branch it
+// chooses): a replay in a long caller transaction must not make the key's
+// other replays wait for it. claimReadLocked, with a newer snapshot, then
+// reads the record, or finds it gone, which the Store answers by claiming
+// again. It also returns the isolation level, for the reason given at
+// claimLock, and the clock: the claim's time.
+const claimTryLock = `SELECT CASE
+		WHEN EXISTS (SELECT 1 FROM idempotency_keys WHERE scope = $1::text AND idempotency_key = $2::text) THEN NULL
+		ELSE ` + keyTryLock1 + `
+	END,
+	current_setting('transaction_isolation'), COALESCE($3::timestamptz, clock_timestamp())`
 
 // keyTryLock1 is keyLock1 without the wait: true when the lock was granted.
 const keyTryLock1 = `pg_try_advisory_xact_lock(` + keyHash1 + `)`
