@@ -189,7 +189,7 @@ func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
 		}
 	}
 	r.logPass(ctx, pass.rep)
-	r.store.observeReap(ctx, start, pass.rep, batches, behind, staleFound)
+	r.store.observeReap(ctx, start, ReapEvent{Report: pass.rep, Batches: batches, Behind: behind, StaleFound: staleFound})
 	return pass.rep, pass.firstErr
 }
 

@@ -71,11 +71,30 @@ const (
 	replayThreshold = replayScale / 2
 )
 
+// replayAnswer is what one Do answered, for the moving average.
+type replayAnswer int
+
+const (
+	// answerRan: Do ran its callback (or answered about the key without
+	// replaying: a mismatch, in progress).
+	answerRan replayAnswer = iota
+	// answerReplayed: Do replayed a stored response.
+	answerReplayed
+)
+
+// answerOf is the answer of a Do that returned res.
+func answerOf(res *Result) replayAnswer {
+	if res.Replayed {
+		return answerReplayed
+	}
+	return answerRan
+}
+
 // note adds one answer of Do to the average.
-func (g *replayGate) note(replayed bool) {
+func (g *replayGate) note(a replayAnswer) {
 	old := g.rate.Load()
 	next := old - old>>replayWeightShift
-	if replayed {
+	if a == answerReplayed {
 		next += replayScale >> replayWeightShift
 	}
 	g.rate.Store(next)
@@ -105,9 +124,9 @@ func (s *Store[TTx]) noteDo(res *Result, err error) {
 	}
 	switch {
 	case err == nil:
-		s.replays.note(res.Replayed)
+		s.replays.note(answerOf(res))
 	case isTrafficAnswer(err):
-		s.replays.note(false)
+		s.replays.note(answerRan)
 	}
 }
 
@@ -145,7 +164,7 @@ func (s *Store[TTx]) replayFirst(ctx context.Context, scope, key string, fp Fing
 	if s.cfg.Observer != nil {
 		s.observeClaim(ctx, start, scope, key, &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, nil)
 	}
-	s.replays.note(true)
+	s.replays.note(answerReplayed)
 	return &Result{Response: rec.Response, Replayed: true, Status: rec.Status}
 }
 

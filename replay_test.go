@@ -12,7 +12,7 @@ func TestReplayGate(t *testing.T) {
 	}
 	opened := 0
 	for i := 1; i <= 40 && opened == 0; i++ {
-		g.note(true)
+		g.note(answerReplayed)
 		if g.open() {
 			opened = i
 		}
@@ -21,11 +21,11 @@ func TestReplayGate(t *testing.T) {
 		t.Fatalf("opened after %d replays, want between 5 and 16", opened)
 	}
 	for range 40 {
-		g.note(true)
+		g.note(answerReplayed)
 	}
 	closed := 0
 	for i := 1; i <= 40 && closed == 0; i++ {
-		g.note(false)
+		g.note(answerRan)
 		if !g.open() {
 			closed = i
 		}
@@ -36,9 +36,9 @@ func TestReplayGate(t *testing.T) {
 	// Alternating answers (a replay share of one half) hover at the threshold;
 	// a share of one third stays closed.
 	for range 200 {
-		g.note(true)
-		g.note(false)
-		g.note(false)
+		g.note(answerReplayed)
+		g.note(answerRan)
+		g.note(answerRan)
 	}
 	if g.open() {
 		t.Fatal("open at a replay share of one third")

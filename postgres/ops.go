@@ -113,34 +113,38 @@ func (d *Dialect) Check(ctx context.Context) ([]idem.Problem, error) {
 	if v < migrations.SchemaVersion {
 		return append(problems, idem.Problem{What: fmt.Sprintf("schema version is %d, this idem needs %d", v, migrations.SchemaVersion), Fix: migrate}), nil
 	}
-	rows, err := d.pool.Query(ctx, st.columns)
-	if err == nil {
-		rows.Close()
-		err = rows.Err()
-	}
-	if err != nil {
-		var classified error = interpretError(ctx, err)
-		if errors.Is(classified, idem.ErrStoreUnavailable) {
-			return nil, classified
+	if p, err := d.probeColumns(ctx, st.columns, "table idempotency_keys lacks columns idem uses, or the digest function"); err != nil || p != nil {
+		if err != nil {
+			return nil, err
 		}
-		return append(problems, idem.Problem{What: "table idempotency_keys lacks columns idem uses, or the digest function", Fix: "restore the schema from idem's migrations"}), nil
+		return append(problems, *p), nil
 	}
-	rows, err = d.pool.Query(ctx, st.bodyColumns)
-	if err == nil {
-		rows.Close()
-		err = rows.Err()
-	}
+	p, err := d.probeColumns(ctx, st.bodyColumns, "table idempotency_bodies (migration 00004) is missing or lacks columns: a table body store (postgres.NewTableBodyStore) would fail")
 	if err != nil {
-		var classified error = interpretError(ctx, err)
-		if errors.Is(classified, idem.ErrStoreUnavailable) {
-			return nil, classified
-		}
-		problems = append(problems, idem.Problem{
-			What: "table idempotency_bodies (migration 00004) is missing or lacks columns: a table body store (postgres.NewTableBodyStore) would fail",
-			Fix:  "restore the schema from idem's migrations",
-		})
+		return nil, err
+	}
+	if p != nil {
+		problems = append(problems, *p)
 	}
 	return problems, nil
+}
+
+// probeColumns runs query, which selects no row but names every column
+// idem uses: a failure other than the server being unreachable is the
+// problem what, a schema that is not idem's.
+func (d *Dialect) probeColumns(ctx context.Context, query, what string) (*idem.Problem, error) {
+	rows, err := d.pool.Query(ctx, query)
+	if err == nil {
+		rows.Close()
+		err = rows.Err()
+	}
+	if err == nil {
+		return nil, nil
+	}
+	if classified := interpretError(ctx, err); errors.Is(classified, idem.ErrStoreUnavailable) {
+		return nil, classified
+	}
+	return &idem.Problem{What: what, Fix: "restore the schema from idem's migrations"}, nil
 }
 
 // Find implements idem.Operator.
