@@ -73,8 +73,8 @@ goose-cli: ## Check the goose CLI migrates the shipped files up and down on all 
 	bash .ci/goose-cli.sh
 
 .PHONY: modules
-modules: ## Check every contrib/ module (gofmt, vet, tidy, tests) and the go.work workspace
-	bash .ci/modules.sh
+modules: ## Check every contrib/ module (gofmt, vet, tidy, tests) and the go.work workspace, with an S3 server (.ci/s3.sh)
+	bash .ci/s3.sh run bash .ci/modules.sh
 
 .PHONY: pgbouncer
 pgbouncer: ## Run the postgres tests and the PostgreSQL fault scenarios through PgBouncer, transaction pooling (installs and starts it; see docs/scaling.md)

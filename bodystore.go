@@ -138,19 +138,24 @@ func (s *Store[TTx]) PutBody(ctx context.Context, c *Claim, r io.Reader) (*BodyR
 	if err := validateClaim(c); err != nil {
 		return nil, err
 	}
-	return s.putBody(ctx, c.Scope, c.Key, c.Token, r)
+	return s.putBody(ctx, nil, c.Scope, c.Key, c.Token, r)
 }
 
-func (s *Store[TTx]) putBody(ctx context.Context, scope, key string, tok int64, r io.Reader) (*BodyRef, error) {
+// putBody writes r to the BodyStore: inside *tx when tx is set and the
+// BodyStore is a TxBodyStore of the store's transaction type, on its own
+// otherwise.
+func (s *Store[TTx]) putBody(ctx context.Context, tx *TTx, scope, key string, tok int64, r io.Reader) (*BodyRef, error) {
 	if s.cfg.BodyStore == nil {
 		return nil, errors.New("idem: no Config.BodyStore to put a body in")
 	}
 	kd := digest.Key(scope, key)
 	name := objectName(scope, key, tok)
 	hr := &hashingReader{r: r, h: sha256.New(), limit: int64(s.cfg.MaxResponseBytes)}
-	addr, err := s.cfg.BodyStore.Put(ctx, name, hr)
+	addr, inTx, err := s.put(ctx, tx, name, hr)
 	if errors.Is(err, errBodyTooLarge) || hr.n > hr.limit {
-		if err == nil {
+		if err == nil && !inTx {
+			// An object written inside tx goes with tx, which the caller
+			// rolls back on this error.
 			_ = s.cfg.BodyStore.Delete(context.WithoutCancel(ctx), addr)
 		}
 		return nil, fmt.Errorf("idem: complete key %s: %w", kd, &InvalidResponseError{Field: "Body",
@@ -187,7 +192,10 @@ func validAddress(a string) bool {
 // body written to the BodyStore when it is larger than Config.InlineBodyMax;
 // and, for a response carrying a BodyRef, a copy whose headers carry the
 // reference. resp has been validated.
-func (s *Store[TTx]) storeBody(ctx context.Context, scope, key string, tok int64, resp *Response) (*Response, error) {
+//
+// tx is the transaction the completion runs in, nil on the pool: a
+// TxBodyStore writes the body in it.
+func (s *Store[TTx]) storeBody(ctx context.Context, tx *TTx, scope, key string, tok int64, resp *Response) (*Response, error) {
 	if resp.BodyRef == nil && (s.cfg.BodyStore == nil || len(resp.Body) <= s.cfg.InlineBodyMax) {
 		return resp, nil
 	}
@@ -200,7 +208,7 @@ func (s *Store[TTx]) storeBody(ctx context.Context, scope, key string, tok int64
 	}
 	if ref == nil {
 		var err error
-		ref, err = s.putBody(ctx, scope, key, tok, bytes.NewReader(resp.Body))
+		ref, err = s.putBody(ctx, tx, scope, key, tok, bytes.NewReader(resp.Body))
 		if err != nil {
 			return nil, err
 		}

@@ -129,7 +129,16 @@ func (s *Store[TTx]) replayFast(ctx context.Context, scope, key string, fp Finge
 //
 // After an acquired ClaimTx, run the business writes on tx, then
 // [Store.CompleteTx] on tx, then commit: the stored response and the business
-// rows commit together, or neither does. Pass the errors of your own
+// rows commit together, or neither does. Commit only after CompleteTx (or
+// FailTx, or ReleaseTx) succeeded: on PostgreSQL and SQLite the claim
+// writes no record (it is deferred, as in [Store.Do]: a lock on the key
+// keeps other claimers out until tx ends, and CompleteTx inserts the
+// finished record, one row version instead of two), so a commit without
+// the completion leaves the key free, as a rollback would, while on MySQL
+// it leaves the processing record in progress. A second ClaimTx of the
+// same key in the same tx therefore acquires again on PostgreSQL and
+// SQLite (it answers in progress on MySQL), and the second completion
+// fails with [ErrFenced]; roll tx back then. Pass the errors of your own
 // statements and of the commit through [Store.Classify] to learn whether
 // running the whole transaction again may succeed ([ErrRetryable]; on
 // MariaDB Galera a certification failure can end any statement or COMMIT).
@@ -142,7 +151,19 @@ func (s *Store[TTx]) ClaimTx(ctx context.Context, tx TTx, scope, key string, fp 
 		start := time.Now()
 		defer func() { s.observeClaim(ctx, start, scope, key, c, err) }()
 	}
-	return s.claim(ctx, &claimer{exec: s.dialect.Tx(tx), site: inCallerTx}, scope, key, fp)
+	return s.claim(ctx, s.txClaimer(tx, inCallerTx), scope, key, fp)
+}
+
+// txClaimer runs the claim statements of a claim in tx, at site: deferred
+// on a [DeferredClaimer].
+func (s *Store[TTx]) txClaimer(tx TTx, site claimSite) *claimer {
+	cl := &claimer{exec: s.dialect.Tx(tx), site: site}
+	if dc, ok := s.dialect.(DeferredClaimer[TTx]); ok {
+		cl.deferred = func(ctx context.Context, p *ClaimParams) (*ClaimResult, error) {
+			return dc.ClaimDeferred(ctx, tx, p)
+		}
+	}
+	return cl
 }
 
 // maxClaimRounds bounds how often a claim starts over when the record it

@@ -121,6 +121,12 @@ type Config struct {
 	// events, for metrics and traces (see contrib/idemotel). Defaults to
 	// nil: nothing is reported, at no cost.
 	Observer *Observer
+
+	// ReplayRead says when [Store.Do] reads the key on the pool before it
+	// begins its transaction, so that a replay costs one primary-key read
+	// (see [ReplayRead]). Defaults to ReplayReadAuto: while at least half
+	// of the recent answers were replays.
+	ReplayRead ReplayRead
 }
 
 const (
@@ -186,6 +192,8 @@ func (c *Config) validate() error {
 		return errors.New("idem: Config.MaxResponseHeaderBytes must not be negative")
 	case c.InlineBodyMax < 0 || c.InlineBodyMax > c.MaxResponseBytes:
 		return errors.New("idem: Config.InlineBodyMax must be between 0 and Config.MaxResponseBytes")
+	case c.ReplayRead < ReplayReadAuto || c.ReplayRead > ReplayReadNever:
+		return errors.New("idem: Config.ReplayRead is not a ReplayRead setting")
 	case c.StatusCheck != nil && c.BlindTakeover:
 		return errors.New("idem: Config.BlindTakeover and Config.StatusCheck exclude each other")
 	}

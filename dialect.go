@@ -91,7 +91,10 @@ type TxPipeliner[TTx any] interface {
 //     free. No record of the key is created meanwhile by any of them.
 //   - When the key has a record, ClaimDeferred returns it with Created
 //     false, read by the rules of Claim: after a wait for a holder, as the
-//     holder committed it; expired records as they are.
+//     holder committed it; expired records as they are; ErrNotFound when
+//     it vanished before it could be read. When a committed record is
+//     visible it takes no lock, so that replays of a key in long caller
+//     transactions never wait for one another.
 //   - A wait past WaitTimeout returns an *[InProgressError], as in Claim.
 //   - ClaimDeferred returns [ErrSkipDefer] when tx cannot hold the key
 //     without a row (PostgreSQL under REPEATABLE READ or SERIALIZABLE,

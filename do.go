@@ -46,7 +46,9 @@ func FinalFailure(resp *Response) error { return &FinalFailureError{Response: re
 // the table: it begins a transaction, claims the key in it, runs fn with the
 // transaction, stores fn's response and commits, so the business rows and the
 // stored response commit together. A retry with the same fingerprint gets the
-// stored response (Result.Replayed) without running fn.
+// stored response (Result.Replayed) without running fn: from one read on the
+// pool when Config.ReplayRead has Do read first (see [ReplayRead]), otherwise
+// from the claim in Do's transaction.
 //
 // fn must touch the database only through tx, and nothing outside it: Do
 // runs it again when the transaction fails with [ErrRetryable] (a deadlock
@@ -80,9 +82,13 @@ func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, 
 	if fn == nil {
 		return nil, errors.New("idem: Do needs a callback")
 	}
+	if res := s.replayFirst(ctx, scope, key, fp); res != nil {
+		return res, nil
+	}
 	for try := 0; ; try++ {
 		res, err := s.doOnce(ctx, scope, key, fp, fn)
 		if err == nil || !errors.Is(err, ErrRetryable) || try >= s.cfg.MaxTxRetries || ctx.Err() != nil {
+			s.noteDo(res, err)
 			return res, err
 		}
 		s.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: retrying transaction",
@@ -146,7 +152,7 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 	// The completion and COMMIT in one round trip. On an error nothing was
 	// committed (unless COMMIT's outcome is unknown, as with Commit) and the
 	// deferred Rollback is harmless.
-	if err := s.completeVia(ctx, c, status, resp, "complete and commit", send); err != nil {
+	if err := s.completeVia(ctx, &t.tx, c, status, resp, "complete and commit", send); err != nil {
 		return nil, err
 	}
 	t.open = false
@@ -161,7 +167,7 @@ func (s *Store[TTx]) beginClaim(ctx context.Context, t *doTx[TTx], scope, key st
 	case DeferredTxPipeliner[TTx]:
 		tx, res, err := d.BeginClaimDeferred(ctx, p)
 		t.tx, t.open = tx, true
-		cl := s.doClaimer(tx)
+		cl := s.txClaimer(tx, inDoTx)
 		return s.settleClaim(ctx, cl, p, cl.deferredStep(ctx, p, res, err))
 	case TxPipeliner[TTx]:
 		tx, res, err := d.BeginClaim(ctx, p)
@@ -174,20 +180,8 @@ func (s *Store[TTx]) beginClaim(ctx context.Context, t *doTx[TTx], scope, key st
 		return nil, fmt.Errorf("idem: begin: %w", err)
 	}
 	t.tx, t.open = tx, true
-	cl := s.doClaimer(tx)
+	cl := s.txClaimer(tx, inDoTx)
 	return s.settleClaim(ctx, cl, p, cl.run(ctx, p))
-}
-
-// doClaimer runs the claim statements of Do's transaction tx: deferred on
-// a [DeferredClaimer], since fn never sees the record.
-func (s *Store[TTx]) doClaimer(tx TTx) *claimer {
-	cl := &claimer{exec: s.dialect.Tx(tx), site: inDoTx}
-	if dc, ok := s.dialect.(DeferredClaimer[TTx]); ok {
-		cl.deferred = func(ctx context.Context, p *ClaimParams) (*ClaimResult, error) {
-			return dc.ClaimDeferred(ctx, tx, p)
-		}
-	}
-	return cl
 }
 
 // completeCommitSend returns the function that completes c in tx and

@@ -51,6 +51,11 @@
 //	err = store.CompleteTx(ctx, tx, claim, &idem.Response{StatusCode: 201, Body: body})
 //	err = tx.Commit(ctx)
 //
+// Commit only after CompleteTx succeeded, and roll back after any error: on
+// PostgreSQL and SQLite the claim is a lock on the key until the completion
+// writes the finished record, so a commit without it leaves the key free
+// (see [Store.ClaimTx]).
+//
 // # Leases and fencing
 //
 // Work with outside side effects (a payment provider call) cannot roll back

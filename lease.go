@@ -172,7 +172,7 @@ func (s *Store[TTx]) resolveStale(ctx context.Context, exec Executor, rec *Recor
 		if v.Failed {
 			status = StatusFailed
 		}
-		resp, err := s.storeBody(ctx, rec.Scope, rec.Key, tok, v.Response)
+		resp, err := s.storeBody(ctx, nil, rec.Scope, rec.Key, tok, v.Response)
 		if err != nil {
 			return "", 0, err
 		}

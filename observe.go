@@ -28,7 +28,8 @@ type Observer struct {
 
 	// Claim is called once per claim: by [Store.Claim], [Store.ClaimTx],
 	// [Store.Acquire], and by [Store.Do] once per transaction it runs (a
-	// transaction run again after a conflict claims again).
+	// transaction run again after a conflict claims again), or once for a
+	// replay Do answered from its first read (see [ReplayRead]).
 	Claim func(ctx context.Context, e ClaimEvent)
 
 	// Complete is called once per completion statement: [Store.Complete],
@@ -294,12 +295,11 @@ func (s *Store[TTx]) observeCheck(ctx context.Context, start time.Time, rec *Rec
 }
 
 // observeReap reports a reaper pass, if the store is observed.
-func (s *Store[TTx]) observeReap(ctx context.Context, start time.Time, rep ReapReport, batches int, behind bool, staleFound int) {
+func (s *Store[TTx]) observeReap(ctx context.Context, start time.Time, ev ReapEvent) {
 	if o := s.cfg.Observer; o != nil && o.Reap != nil {
-		left := max(staleFound-rep.Finalised-rep.HandedOver, 0)
-		o.Reap(ctx, ReapEvent{
-			Dialect: s.dialect.Name(), Report: rep, Batches: batches, Behind: behind,
-			StaleFound: staleFound, StaleLeft: left, Latency: time.Since(start),
-		})
+		ev.Dialect = s.dialect.Name()
+		ev.StaleLeft = max(ev.StaleFound-ev.Report.Finalised-ev.Report.HandedOver, 0)
+		ev.Latency = time.Since(start)
+		o.Reap(ctx, ev)
 	}
 }

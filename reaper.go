@@ -166,83 +166,116 @@ func (r *Reaper[TTx]) nextDelay() time.Duration {
 }
 
 // RunOnce makes one pass: it deletes expired records, up to MaxBatches
-// batches of BatchSize, then resolves up to StaleLimit stale leases. It
-// returns what it did and the first error it met (the pass goes on after
-// errors, and counts them).
+// batches of BatchSize, then resolves up to StaleLimit stale leases, then
+// sweeps the BodyStore when its turn has come. It returns what it did and
+// the first error it met (the pass goes on after errors, and counts them).
 func (r *Reaper[TTx]) RunOnce(ctx context.Context) (ReapReport, error) {
-	var (
-		rep      ReapReport
-		firstErr error
-	)
-	fail := func(err error) {
-		rep.Errors++
-		if firstErr == nil {
-			firstErr = err
-		}
-	}
+	var pass reapPass
 	exec := r.store.dialect.DB()
 	start := r.store.observeStart()
-	batches, behind := 0, false
+	batches, behind, err := r.deleteExpired(ctx, exec, &pass)
+	if err != nil {
+		return pass.rep, err
+	}
+	if ctx.Err() != nil {
+		return pass.rep, ctx.Err()
+	}
+	staleFound := r.resolveStaleLeases(ctx, exec, &pass)
+	if ctx.Err() == nil {
+		n, err := r.sweepBodies(ctx)
+		pass.rep.BodiesDeleted = n
+		if err != nil {
+			pass.fail(&reapError{step: "sweep bodies", err: err})
+		}
+	}
+	r.logPass(ctx, pass.rep)
+	r.store.observeReap(ctx, start, ReapEvent{Report: pass.rep, Batches: batches, Behind: behind, StaleFound: staleFound})
+	return pass.rep, pass.firstErr
+}
+
+// reapPass is what one pass has done so far.
+type reapPass struct {
+	rep      ReapReport
+	firstErr error
+}
+
+// fail counts err and keeps it if it is the pass's first.
+func (p *reapPass) fail(err error) {
+	p.rep.Errors++
+	if p.firstErr == nil {
+		p.firstErr = err
+	}
+}
+
+// deleteExpired runs the pass's DELETE batches until one comes back short
+// or MaxBatches ran; behind reports that the last one was still full (a
+// backlog is left for the next pass). err is set only when ctx ended during
+// a BatchPause; a failed batch is counted in pass and ends the deletion.
+func (r *Reaper[TTx]) deleteExpired(ctx context.Context, exec Executor, pass *reapPass) (batches int, behind bool, err error) {
 	for batch := range r.cfg.MaxBatches {
 		if batch > 0 && r.cfg.BatchPause > 0 {
 			if err := sleepCtx(ctx, r.cfg.BatchPause); err != nil {
-				return rep, err
+				return batches, behind, err
 			}
 		}
 		n, err := exec.DeleteExpired(ctx, &DeleteExpiredParams{Limit: r.cfg.BatchSize, Now: r.store.now()})
-		rep.Deleted += n
+		pass.rep.Deleted += n
 		batches++
 		if err != nil {
-			fail(&reapError{step: "delete expired", err: err})
-			break
+			pass.fail(&reapError{step: "delete expired", err: err})
+			return batches, behind, nil
 		}
 		if n < r.cfg.BatchSize {
-			break
+			return batches, behind, nil
 		}
 		behind = batch == r.cfg.MaxBatches-1
 	}
-	if ctx.Err() != nil {
-		return rep, ctx.Err()
-	}
+	return batches, behind, nil
+}
 
+// resolveStaleLeases lists up to StaleLimit stale leases and resolves each,
+// counting the outcomes in pass; it returns how many it found.
+func (r *Reaper[TTx]) resolveStaleLeases(ctx context.Context, exec Executor, pass *reapPass) int {
 	stale, now, err := exec.ListStaleLeases(ctx, &ListStaleLeasesParams{Limit: r.cfg.StaleLimit, Now: r.store.now()})
 	if err != nil {
-		fail(&reapError{step: "list stale leases", err: err})
+		pass.fail(&reapError{step: "list stale leases", err: err})
 	}
 	for _, rec := range stale {
 		if ctx.Err() != nil {
 			break
 		}
 		outcome, err := r.resolve(ctx, exec, rec, now)
-		switch {
-		case err == nil && outcome == "":
-			// Another reaper or a claimer took the record first: theirs now.
-		case err != nil:
-			fail(&reapError{step: "resolve", keyDigest: digest.Key(rec.Scope, rec.Key), err: err})
-		case outcome == resolvedCommitted:
-			rep.Finalised++
-		case outcome == resolvedNotCommitted:
-			rep.HandedOver++
-		case outcome == resolvedUnknown:
-			rep.Unknown++
-		case outcome == resolvedSkipped:
-			rep.Unresolved++
-		}
-	}
-	if ctx.Err() == nil {
-		n, err := r.sweepBodies(ctx)
-		rep.BodiesDeleted = n
 		if err != nil {
-			fail(&reapError{step: "sweep bodies", err: err})
+			pass.fail(&reapError{step: "resolve", keyDigest: digest.Key(rec.Scope, rec.Key), err: err})
+			continue
 		}
+		pass.rep.count(outcome)
 	}
+	return len(stale)
+}
+
+// count adds a resolution's outcome to the report. An empty outcome (another
+// reaper or a claimer took the record first: theirs now) counts nowhere.
+func (rep *ReapReport) count(outcome string) {
+	switch outcome {
+	case resolvedCommitted:
+		rep.Finalised++
+	case resolvedNotCommitted:
+		rep.HandedOver++
+	case resolvedUnknown:
+		rep.Unknown++
+	case resolvedSkipped:
+		rep.Unresolved++
+	}
+}
+
+// logPass logs the pass's counts at debug level.
+func (r *Reaper[TTx]) logPass(ctx context.Context, rep ReapReport) {
 	r.store.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: reaper pass",
 		slog.String("dialect", r.store.dialect.Name()),
 		slog.Int("deleted", rep.Deleted), slog.Int("finalised", rep.Finalised),
 		slog.Int("handed_over", rep.HandedOver), slog.Int("unknown", rep.Unknown),
 		slog.Int("unresolved", rep.Unresolved), slog.Int("bodies_deleted", rep.BodiesDeleted), slog.Int("errors", rep.Errors))
-	r.store.observeReap(ctx, start, rep, batches, behind, len(stale))
-	return rep, firstErr
 }
 
 // resolve settles one stale record: through the status check, blindly, or

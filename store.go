@@ -26,6 +26,8 @@ import (
 type Store[TTx any] struct {
 	dialect Dialect[TTx]
 	cfg     Config
+	// replays decides, with Config.ReplayRead, whether Do reads first (replay.go).
+	replays replayGate
 }
 
 // New returns a Store over dialect, such as postgres.New(pool). It performs
@@ -56,7 +58,7 @@ func (s *Store[TTx]) Dialect() Dialect[TTx] { return s.dialect }
 // and [ErrInvalidResponse], before any statement, when resp fails
 // [Response.Validate] or the Config's size limits.
 func (s *Store[TTx]) Complete(ctx context.Context, c *Claim, resp *Response) error {
-	return s.complete(ctx, s.dialect.DB(), c, StatusSucceeded, resp)
+	return s.complete(ctx, s.dialect.DB(), nil, c, StatusSucceeded, resp)
 }
 
 // CompleteTx stores resp as the successful result of the acquired claim c
@@ -72,7 +74,7 @@ func (s *Store[TTx]) CompleteTx(ctx context.Context, tx TTx, c *Claim, resp *Res
 // like a success. Errors are those of [Store.Complete]. For failures that are
 // safe to retry, use [Store.Release] (or roll back the claiming transaction).
 func (s *Store[TTx]) Fail(ctx context.Context, c *Claim, resp *Response) error {
-	return s.complete(ctx, s.dialect.DB(), c, StatusFailed, resp)
+	return s.complete(ctx, s.dialect.DB(), nil, c, StatusFailed, resp)
 }
 
 // FailTx is [Store.Fail] inside the caller's transaction tx. idem never
@@ -81,30 +83,37 @@ func (s *Store[TTx]) FailTx(ctx context.Context, tx TTx, c *Claim, resp *Respons
 	return s.completeTx(ctx, tx, c, StatusFailed, resp)
 }
 
-// complete stores resp as c's result with exec's Complete: on the pool, or
-// in a transaction whose claim wrote its record.
-func (s *Store[TTx]) complete(ctx context.Context, exec Executor, c *Claim, status Status, resp *Response) error {
-	return s.completeVia(ctx, c, status, resp, "complete", exec.Complete)
+// complete stores resp as c's result with exec's Complete: on the pool (tx
+// nil), or in transaction tx, whose claim wrote its record; tx is where a
+// body store that takes transactions writes the body (see storeBody).
+func (s *Store[TTx]) complete(ctx context.Context, exec Executor, tx *TTx, c *Claim, status Status, resp *Response) error {
+	return s.completeVia(ctx, tx, c, status, resp, "complete", exec.Complete)
 }
 
 // completeTx stores resp as c's result inside tx: with the dialect's
 // CompleteDeferred after a deferred claim, which wrote no record to update.
 func (s *Store[TTx]) completeTx(ctx context.Context, tx TTx, c *Claim, status Status, resp *Response) error {
 	if dc, ok := s.dialect.(DeferredClaimer[TTx]); ok && c != nil && c.deferred {
-		return s.completeVia(ctx, c, status, resp, "complete", func(ctx context.Context, p *CompleteParams) error {
+		err := s.completeVia(ctx, &tx, c, status, resp, "complete", func(ctx context.Context, p *CompleteParams) error {
 			return deferredConflict(dc.CompleteDeferred(ctx, tx, deferredParams(c, p)))
 		})
+		if err == nil {
+			// The record exists now: a later completion or release of c
+			// finds it completed, as after Complete.
+			c.deferred = false
+		}
+		return err
 	}
-	return s.complete(ctx, s.dialect.Tx(tx), c, status, resp)
+	return s.complete(ctx, s.dialect.Tx(tx), &tx, c, status, resp)
 }
 
 // completeVia checks what a completion of c was given, builds its
 // parameters, and stores them with send, which runs the completion's
 // statement (and, pipelined, the commit); what names the step in errors.
-func (s *Store[TTx]) completeVia(ctx context.Context, c *Claim, status Status, resp *Response, what string,
+func (s *Store[TTx]) completeVia(ctx context.Context, tx *TTx, c *Claim, status Status, resp *Response, what string,
 	send func(ctx context.Context, p *CompleteParams) error,
 ) error {
-	p, err := s.completeParams(ctx, c, status, resp)
+	p, err := s.completeParams(ctx, tx, c, status, resp)
 	if err != nil {
 		return err
 	}
@@ -122,14 +131,14 @@ func (s *Store[TTx]) completeVia(ctx context.Context, c *Claim, status Status, r
 
 // completeParams checks what a completion was given and builds the
 // parameters it sends.
-func (s *Store[TTx]) completeParams(ctx context.Context, c *Claim, status Status, resp *Response) (*CompleteParams, error) {
+func (s *Store[TTx]) completeParams(ctx context.Context, tx *TTx, c *Claim, status Status, resp *Response) (*CompleteParams, error) {
 	if err := validateClaim(c); err != nil {
 		return nil, err
 	}
 	if err := s.validateResponse(resp); err != nil {
 		return nil, fmt.Errorf("idem: complete key %s: %w", digest.Key(c.Scope, c.Key), err)
 	}
-	resp, err := s.storeBody(ctx, c.Scope, c.Key, c.Token, resp)
+	resp, err := s.storeBody(ctx, tx, c.Scope, c.Key, c.Token, resp)
 	if err != nil {
 		return nil, err
 	}
@@ -170,9 +179,20 @@ func (s *Store[TTx]) Release(ctx context.Context, c *Claim) error {
 }
 
 // ReleaseTx is [Store.Release] inside the caller's transaction tx. idem never
-// commits or rolls back tx.
+// commits or rolls back tx. After a deferred claim (PostgreSQL, SQLite; see
+// [Store.ClaimTx]) there is no record to delete: the key's lock keeps other
+// claimers waiting until tx ends, as the deleted record's lock would, and
+// a commit leaves the key free.
 func (s *Store[TTx]) ReleaseTx(ctx context.Context, tx TTx, c *Claim) error {
-	return s.release(ctx, s.dialect.Tx(tx), c)
+	if c == nil || !c.deferred {
+		return s.release(ctx, s.dialect.Tx(tx), c)
+	}
+	if err := validateClaim(c); err != nil {
+		return err
+	}
+	c.deferred = false // released: a later completion or release of c is fenced, as after Release
+	s.logOutcome(ctx, digest.Key(c.Scope, c.Key), "released")
+	return nil
 }
 
 func (s *Store[TTx]) release(ctx context.Context, exec Executor, c *Claim) error {
@@ -196,8 +216,12 @@ func (s *Store[TTx]) Get(ctx context.Context, scope, key string) (*Record, error
 	return s.get(ctx, s.dialect.DB(), scope, key)
 }
 
-// GetTx is [Store.Get] inside the caller's transaction tx, which sees the
-// transaction's own uncommitted claim. idem never commits or rolls back tx.
+// GetTx is [Store.Get] inside the caller's transaction tx, which sees what
+// tx wrote: on MySQL the record of its own uncommitted claim; on PostgreSQL
+// and SQLite, whose claims in a transaction are deferred and write no record
+// until the completion (see [Store.ClaimTx]), the completed record once
+// CompleteTx ran, and ErrNotFound before. idem never commits or rolls back
+// tx.
 func (s *Store[TTx]) GetTx(ctx context.Context, tx TTx, scope, key string) (*Record, error) {
 	return s.get(ctx, s.dialect.Tx(tx), scope, key)
 }

@@ -253,7 +253,7 @@ grep -o 'GALERA|.*' "$log" | sed 's/^GALERA//' || true
 skips=$(grep -cE -- '--- SKIP' "$log" || true)
 [ "$skips" = 0 ] || { grep -E -- '--- SKIP' "$log"; fail "Galera tests were skipped"; }
 want=(TestGaleraConformance TestGaleraCrossNodeRace TestGaleraCallbackCertificationFailure
-	TestGaleraReplayOnOtherNode TestGaleraMigrateOnTwoNodes TestGaleraNodeKilled)
+	TestGaleraCertificationFailureAtCompletion TestGaleraReplayOnOtherNode TestGaleraMigrateOnTwoNodes TestGaleraNodeKilled)
 for name in "${want[@]}"; do
 	grep -qE -- "^--- PASS: $name " "$log" || fail "$name did not run and pass"
 done

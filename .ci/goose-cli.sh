@@ -14,6 +14,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 NS=idem_goose_cli
 TABLE=idempotency_keys
+BODY_TABLE=idempotency_bodies # migration 00004, the table body stores
 VERSION_TABLE=idem_goose_db_version # migrations.VersionTable
 
 # cmd/goose compiles in every driver it knows unless told otherwise; these tags (from the
@@ -93,12 +94,14 @@ for spec in "postgres|migrations/postgres|$PG_DSN" "mysql|migrations/mysql|$MY_D
 	# stderr; 2>&1 keeps its lines in order with ours.
 	"$goose" -dir "$dir" -table "$VERSION_TABLE" "$driver" "$dsn" up 2>&1
 	expect_table "$driver" "$TABLE" 1 up
+	expect_table "$driver" "$BODY_TABLE" 1 up
 	expect_table "$driver" "$VERSION_TABLE" 1 up
 	expect_table "$driver" goose_db_version 0 "up (-table must replace goose's default table)"
 	"$goose" -dir "$dir" -table "$VERSION_TABLE" "$driver" "$dsn" up 2>&1
 	"$goose" -dir "$dir" -table "$VERSION_TABLE" "$driver" "$dsn" status 2>&1
 	"$goose" -dir "$dir" -table "$VERSION_TABLE" "$driver" "$dsn" down 2>&1
-	expect_table "$driver" "$TABLE" 1 "down (one version: the digest index)"
+	expect_table "$driver" "$TABLE" 1 "down (one version: the body table, 00004)"
+	expect_table "$driver" "$BODY_TABLE" 0 "down (one version: the body table, 00004)"
 	"$goose" -dir "$dir" -table "$VERSION_TABLE" "$driver" "$dsn" down-to 0 2>&1
 	expect_table "$driver" "$TABLE" 0 "down-to 0"
 done

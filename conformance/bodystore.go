@@ -7,8 +7,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,31 +15,34 @@ import (
 	"github.com/idemstore/idem"
 )
 
-// Cases of bodies stored by reference (Config.BodyStore) in a DirBodyStore,
-// a real directory: the faults are real ones (a directory gone, a file
-// deleted or overwritten by hand), never a fake store.
-func bodyStoreCases[TTx any]() []testCase[TTx] {
+// Cases of bodies stored by reference (Config.BodyStore) in the body stores
+// of bh (a DirBodyStore, a real directory, in Run): the faults are real
+// ones (a directory gone or a port closed, an object deleted or
+// overwritten by hand), never a fake store.
+func bodyStoreCases[TTx any](bh BodyStoreHarness) []testCase[TTx] {
+	with := func(f func(*testing.T, Harness[TTx], BodyStoreHarness)) func(*testing.T, Harness[TTx]) {
+		return func(t *testing.T, h Harness[TTx]) { f(t, h, bh) }
+	}
 	return []testCase[TTx]{
-		{name: "BodyStoreRoundTrip", run: testBodyStoreRoundTrip[TTx]},
-		{name: "BodyStoreDownRefusesAndLeavesKeyFree", run: testBodyStoreDown[TTx]},
-		{name: "BodyStoreRolledBackObjectIsSwept", run: testBodyStoreOrphanSwept[TTx]},
-		{name: "BodyStoreObjectDeletedOrDamaged", run: testBodyStoreObjectDamaged[TTx]},
-		{name: "BodyStoreReaperDeletesObjectAfterRecord", run: testBodyStoreReaper[TTx]},
-		{name: "BodyStoreLeasedAndVerdict", run: testBodyStoreLeasedAndVerdict[TTx]},
+		{name: "BodyStoreRoundTrip", run: with(testBodyStoreRoundTrip[TTx])},
+		{name: "BodyStoreDownRefusesAndLeavesKeyFree", run: with(testBodyStoreDown[TTx])},
+		{name: "BodyStoreRolledBackObjectIsSwept", run: with(testBodyStoreOrphanSwept[TTx])},
+		{name: "BodyStoreObjectDeletedOrDamaged", run: with(testBodyStoreObjectDamaged[TTx])},
+		{name: "BodyStoreReaperDeletesObjectAfterRecord", run: with(testBodyStoreReaper[TTx])},
+		{name: "BodyStoreLeasedAndVerdict", run: with(testBodyStoreLeasedAndVerdict[TTx])},
 	}
 }
 
 const inlineMax = 1 << 10
 
-func bodySetup[TTx any](t *testing.T, h Harness[TTx], cfg *idem.Config) (context.Context, *bundle[TTx], *idem.DirBodyStore) {
+func bodySetup[TTx any](t *testing.T, h Harness[TTx], bh BodyStoreHarness, cfg *idem.Config) (context.Context, *bundle[TTx], *BodyStoreFixture) {
 	t.Helper()
-	bs, err := idem.NewDirBodyStore(t.TempDir())
-	require.NoError(t, err)
+	bs := bh.Open(t.Context(), t)
 	c := idem.Config{}
 	if cfg != nil {
 		c = *cfg
 	}
-	c.BodyStore, c.InlineBodyMax = bs, inlineMax
+	c.BodyStore, c.InlineBodyMax = bs.Store, inlineMax
 	ctx, b := setup(t, h, &c)
 	return ctx, b, bs
 }
@@ -65,31 +66,16 @@ func readBody[TTx any](ctx context.Context, t *testing.T, s *idem.Store[TTx], re
 	return io.ReadAll(rc)
 }
 
-func objects(t *testing.T, bs *idem.DirBodyStore) []string {
+func objects(t *testing.T, bs *BodyStoreFixture) []string {
 	t.Helper()
-	var out []string
-	require.NoError(t, bs.List(context.Background(), time.Now().Add(time.Hour), func(a string) error {
-		out = append(out, a)
-		return nil
-	}))
-	return out
-}
-
-// age sets every object's modification time two hours back, as if it had
-// been written then.
-func age(t *testing.T, bs *idem.DirBodyStore) {
-	t.Helper()
-	old := time.Now().Add(-2 * time.Hour)
-	for _, a := range objects(t, bs) {
-		require.NoError(t, os.Chtimes(filepath.Join(bs.Dir(), a), old, old))
-	}
+	return listAll(t, bs.Store)
 }
 
 // testBodyStoreRoundTrip: a body over InlineBodyMax goes to the body store
 // and replays byte for byte with its status and headers; one under it
 // stays inline; a Do callback may stream its body with PutBody.
-func testBodyStoreRoundTrip[TTx any](t *testing.T, h Harness[TTx]) {
-	ctx, b, bs := bodySetup(t, h, nil)
+func testBodyStoreRoundTrip[TTx any](t *testing.T, h Harness[TTx], bh BodyStoreHarness) {
+	ctx, b, bs := bodySetup(t, h, bh, nil)
 	big, small := bigResponse(300<<10), bigResponse(inlineMax)
 	for _, c := range []struct {
 		name string
@@ -153,9 +139,9 @@ func testBodyStoreRoundTrip[TTx any](t *testing.T, h Harness[TTx]) {
 // testBodyStoreDown: a body store that fails refuses the completion with
 // ErrBodyUnavailable (also ErrStoreUnavailable: a 503), commits nothing,
 // and leaves the key free for a retry once the store is back.
-func testBodyStoreDown[TTx any](t *testing.T, h Harness[TTx]) {
-	ctx, b, bs := bodySetup(t, h, nil)
-	require.NoError(t, os.RemoveAll(bs.Dir())) // the disk is gone
+func testBodyStoreDown[TTx any](t *testing.T, h Harness[TTx], bh BodyStoreHarness) {
+	ctx, b, bs := bodySetup(t, h, bh, nil)
+	bs.Break(t)
 	key := newKey("down")
 	var calls counter
 	_, err := b.store.Do(ctx, "t1/create", key, fp("x"), func(ctx context.Context, tx TTx) (*idem.Response, error) {
@@ -170,7 +156,7 @@ func testBodyStoreDown[TTx any](t *testing.T, h Harness[TTx]) {
 	require.Equal(t, 0, b.orders(ctx, t, key), "the business rows rolled back with the record")
 	require.Equal(t, 0, b.records(ctx, t))
 
-	require.NoError(t, os.MkdirAll(bs.Dir(), 0o700)) // back
+	bs.Mend(t)
 	res, err := b.store.Do(ctx, "t1/create", key, fp("x"), orderFn(b.ns, key, &calls))
 	require.NoError(t, err)
 	require.False(t, res.Replayed, "the key was free")
@@ -180,8 +166,8 @@ func testBodyStoreDown[TTx any](t *testing.T, h Harness[TTx]) {
 // testBodyStoreOrphanSwept: an object written for a completion whose
 // transaction rolled back is named by no record; the sweep deletes it
 // once past its grace period, and never an object a record names.
-func testBodyStoreOrphanSwept[TTx any](t *testing.T, h Harness[TTx]) {
-	ctx, b, bs := bodySetup(t, h, nil)
+func testBodyStoreOrphanSwept[TTx any](t *testing.T, h Harness[TTx], bh BodyStoreHarness) {
+	ctx, b, bs := bodySetup(t, h, bh, nil)
 	kept := newKey("kept")
 	_, err := b.store.Do(ctx, "t1/export", kept, fp("x"), func(context.Context, TTx) (*idem.Response, error) {
 		return bigResponse(5 << 10), nil
@@ -199,7 +185,7 @@ func testBodyStoreOrphanSwept[TTx any](t *testing.T, h Harness[TTx]) {
 	n, err := b.store.SweepBodies(ctx, time.Hour)
 	require.NoError(t, err)
 	require.Equal(t, 0, n, "within the grace period nothing is swept")
-	age(t, bs)
+	bs.Age(t)
 	n, err = b.store.SweepBodies(ctx, time.Hour)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
@@ -214,30 +200,22 @@ func testBodyStoreOrphanSwept[TTx any](t *testing.T, h Harness[TTx]) {
 // testBodyStoreObjectDamaged: a record whose object was deleted, truncated
 // or overwritten by hand answers ErrCorruptRecord before any byte, never a
 // wrong body; the record is left as it is.
-func testBodyStoreObjectDamaged[TTx any](t *testing.T, h Harness[TTx]) {
-	ctx, b, bs := bodySetup(t, h, nil)
+func testBodyStoreObjectDamaged[TTx any](t *testing.T, h Harness[TTx], bh BodyStoreHarness) {
+	ctx, b, bs := bodySetup(t, h, bh, nil)
+	rewrite := func(edit func([]byte) []byte) func(context.Context, *testing.T, string) {
+		return func(ctx context.Context, t *testing.T, a string) { bs.Rewrite(ctx, t, a, edit) }
+	}
 	for _, c := range []struct {
 		name   string
-		damage func(path string) error
+		damage func(ctx context.Context, t *testing.T, address string)
 	}{
-		{"deleted", os.Remove},
-		{"truncated", func(p string) error { return os.Truncate(p, 100) }},
-		{"overwritten", func(p string) error {
-			data, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			data[len(data)/2] ^= 1
-			return os.WriteFile(p, data, 0o600)
-		}},
-		{"grown", func(p string) error {
-			f, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
-			if err != nil {
-				return err
-			}
-			_, err = f.Write([]byte("x"))
-			return errors.Join(err, f.Close())
-		}},
+		{"deleted", bs.Remove},
+		{"truncated", rewrite(func(b []byte) []byte { return b[:100] })},
+		{"overwritten", rewrite(func(b []byte) []byte {
+			b[len(b)/2] ^= 1
+			return b
+		})},
+		{"grown", rewrite(func(b []byte) []byte { return append(b, 'x') })},
 	} {
 		key := newKey("damaged")
 		_, err := b.store.Do(ctx, "t1/export", key, fp("x"), func(context.Context, TTx) (*idem.Response, error) {
@@ -246,7 +224,7 @@ func testBodyStoreObjectDamaged[TTx any](t *testing.T, h Harness[TTx]) {
 		require.NoError(t, err, c.name)
 		rec, err := b.store.Get(ctx, "t1/export", key)
 		require.NoError(t, err)
-		require.NoError(t, c.damage(filepath.Join(bs.Dir(), rec.Response.BodyRef.Address)), c.name)
+		c.damage(ctx, t, rec.Response.BodyRef.Address)
 
 		res, err := b.store.Do(ctx, "t1/export", key, fp("x"), func(context.Context, TTx) (*idem.Response, error) {
 			t.Error("the callback ran for a completed key")
@@ -268,9 +246,9 @@ func testBodyStoreObjectDamaged[TTx any](t *testing.T, h Harness[TTx]) {
 
 // testBodyStoreReaper: the reaper deletes an expired record, then (once
 // past the grace period) its object; an object of a live record stays.
-func testBodyStoreReaper[TTx any](t *testing.T, h Harness[TTx]) {
+func testBodyStoreReaper[TTx any](t *testing.T, h Harness[TTx], bh BodyStoreHarness) {
 	clk := newClock()
-	ctx, b, bs := bodySetup(t, h, &idem.Config{Retention: time.Hour, Now: clk.Now})
+	ctx, b, bs := bodySetup(t, h, bh, &idem.Config{Retention: time.Hour, Now: clk.Now})
 	reaper, err := idem.NewReaper(b.store, &idem.ReaperConfig{BodyGrace: time.Minute, BodySweepEvery: time.Nanosecond})
 	require.NoError(t, err)
 	old, live := newKey("old"), newKey("live")
@@ -283,7 +261,7 @@ func testBodyStoreReaper[TTx any](t *testing.T, h Harness[TTx]) {
 	do(old)
 	clk.advance(2 * time.Hour)
 	do(live)
-	age(t, bs)
+	bs.Age(t)
 	require.Len(t, objects(t, bs), 2)
 
 	// Past retention but not yet deleted: the record still names its object.
@@ -305,11 +283,11 @@ func testBodyStoreReaper[TTx any](t *testing.T, h Harness[TTx]) {
 // testBodyStoreLeasedAndVerdict: a leased completion streams its body with
 // PutBody, and a status check's committed verdict with a large body is
 // stored by reference too; both replay byte for byte.
-func testBodyStoreLeasedAndVerdict[TTx any](t *testing.T, h Harness[TTx]) {
+func testBodyStoreLeasedAndVerdict[TTx any](t *testing.T, h Harness[TTx], bh BodyStoreHarness) {
 	clk := newClock()
 	recovered := bigResponse(20 << 10)
 	check := func(context.Context, idem.Record) (idem.Verdict, error) { return idem.Committed(recovered), nil }
-	ctx, b, _ := bodySetup(t, h, &idem.Config{LeaseDuration: time.Minute, Retention: time.Hour, Now: clk.Now, StatusCheck: check})
+	ctx, b, _ := bodySetup(t, h, bh, &idem.Config{LeaseDuration: time.Minute, Retention: time.Hour, Now: clk.Now, StatusCheck: check})
 
 	leased := newKey("leased")
 	l, err := b.store.Acquire(ctx, "t1/pay", leased, fp("x"))

@@ -25,6 +25,7 @@ package conformance
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"testing"
 	"time"
 
@@ -76,6 +77,19 @@ type Namespace[TTx any] struct {
 	// NULL. The suite uses it to play a record written by an older
 	// version, by hand, or damaged.
 	CorruptResponse func(ctx context.Context, scope, key string, status *int, headers []byte) error
+	// BodyTable returns the dialect's table body store (NewTableBodyStore)
+	// over the namespace's pool and idempotency_bodies table, with cfg.
+	BodyTable func(cfg *idem.TableBodyStoreConfig) idem.BodyStore
+	// BodyRows counts committed rows in idempotency_bodies, reading on a
+	// connection of its own.
+	BodyRows func(ctx context.Context) (int, error)
+	// SetBodyChunk overwrites by hand, with SQL on the namespace's pool,
+	// the data of row seq of the object address in idempotency_bodies; nil
+	// data deletes the row. It fails when no such row exists.
+	SetBodyChunk func(ctx context.Context, address string, seq int64, data []byte) error
+	// DropBodyTable drops idempotency_bodies, so that every statement of
+	// the table body store fails: a body store that is down.
+	DropBodyTable func(ctx context.Context) error
 	// Close closes the namespace's connection pool. Afterwards every store
 	// operation on Dialect must fail with idem.ErrStoreUnavailable.
 	Close func()
@@ -180,8 +194,10 @@ func cases[TTx any]() []testCase[TTx] {
 	all = append(all, executorCases[TTx]()...)
 	all = append(all, validateCases[TTx]()...)
 	all = append(all, opsCases[TTx]()...)
-	all = append(all, bodyStoreCases[TTx]()...)
+	all = append(all, bodyStoreCases[TTx](dirBodyStores{})...)
+	all = append(all, bodyTableCases[TTx]()...)
 	all = append(all, decisionCases[TTx]()...)
+	all = append(all, replayReadCases[TTx]()...)
 	return all
 }
 
@@ -195,4 +211,25 @@ func MigrateDown(ctx context.Context, dialect string, db *sql.DB) error {
 	}
 	_, err = p.DownTo(ctx, 0)
 	return err
+}
+
+// SetBodyChunkSQL is a [Namespace.SetBodyChunk] for dialects whose pool
+// is a *sql.DB whose placeholders are "?".
+func SetBodyChunkSQL(ctx context.Context, db *sql.DB, address string, seq int64, data []byte) error {
+	var (
+		res sql.Result
+		err error
+	)
+	if data == nil {
+		res, err = db.ExecContext(ctx, `DELETE FROM idempotency_bodies WHERE address = ? AND seq = ?`, address, seq)
+	} else {
+		res, err = db.ExecContext(ctx, `UPDATE idempotency_bodies SET data = ? WHERE address = ? AND seq = ?`, data, address, seq)
+	}
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return fmt.Errorf("conformance: set body chunk: %d rows affected (%w)", n, err)
+	}
+	return nil
 }

@@ -105,12 +105,19 @@ func testOpsLookupDigestEveryWritePath[TTx any](t *testing.T, h Harness[TTx]) {
 	require.NoError(t, err)
 	require.NoError(t, b.store.Complete(ctx, c, orderResponse("x")))
 	all = append(all, n)
-	// ClaimTx in a caller's transaction, left processing.
+	// ClaimTx in a caller's transaction, completed there (deferred on
+	// PostgreSQL and SQLite: the completion inserts).
 	n = named{"globex POST /orders", newKey("claimtx")}
 	tx := b.begin(ctx, t)
-	_, err = b.store.ClaimTx(ctx, tx, n.scope, n.key, fp("tx"))
+	c, err = b.store.ClaimTx(ctx, tx, n.scope, n.key, fp("tx"))
 	require.NoError(t, err)
+	require.NoError(t, b.store.CompleteTx(ctx, tx, c, orderResponse("tx")))
 	require.NoError(t, b.ns.Dialect.Commit(ctx, tx))
+	all = append(all, n)
+	// Acquire on the pool, left processing.
+	n = named{"globex POST /refunds", newKey("acquire")}
+	_, err = b.store.Acquire(ctx, n.scope, n.key, fp("acquire"))
+	require.NoError(t, err)
 	all = append(all, n)
 	// The same key in another scope is another record with another digest.
 	n = named{"globex POST /payments", all[0].key}

@@ -18,6 +18,8 @@ func txCases[TTx any]() []testCase[TTx] {
 		{name: "TxRollbackFreesKey", run: testTxRollbackFreesKey[TTx]},
 		{name: "TxCommitIsAtomic", run: testTxCommitIsAtomic[TTx]},
 		{name: "TxGetSeesOwnClaim", run: testTxGetSeesOwnClaim[TTx]},
+		{name: "TxReleaseOrCompleteOnce", run: testTxReleaseOrCompleteOnce[TTx]},
+		{name: "TxCommitWithoutCompletion", run: testTxCommitWithoutCompletion[TTx]},
 		{name: "DoCallbackErrorRollsBack", run: testDoCallbackErrorRollsBack[TTx]},
 		{name: "DoCallbackPanicRollsBack", run: testDoCallbackPanicRollsBack[TTx]},
 		{name: "DoFinalFailureIsStoredAndCommitted", run: testDoFinalFailureIsStoredAndCommitted[TTx]},
@@ -131,6 +133,10 @@ func testTxCommitIsAtomic[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 }
 
+// testTxGetSeesOwnClaim: GetTx sees what the transaction wrote, and no
+// other connection sees it before the commit. A dialect with deferred claims
+// writes nothing at ClaimTx (GetTx answers ErrNotFound) and the completed
+// record at CompleteTx; one without sees its processing record at once.
 func testTxGetSeesOwnClaim[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx, b := setup(t, h, nil)
 	key := newKey("own")
@@ -138,8 +144,17 @@ func testTxGetSeesOwnClaim[TTx any](t *testing.T, h Harness[TTx]) {
 	c, err := b.store.ClaimTx(ctx, tx, "t1/create", key, fp("x"))
 	require.NoError(t, err)
 	rec, err := b.store.GetTx(ctx, tx, "t1/create", key)
+	if h.Features().DeferredClaims {
+		require.ErrorIs(t, err, idem.ErrNotFound, "a deferred claim writes no record")
+	} else {
+		require.NoError(t, err)
+		require.Equal(t, idem.StatusProcessing, rec.Status)
+		require.Equal(t, c.Token, rec.Token)
+	}
+	require.NoError(t, b.store.CompleteTx(ctx, tx, c, orderResponse(key)))
+	rec, err = b.store.GetTx(ctx, tx, "t1/create", key)
 	require.NoError(t, err)
-	require.Equal(t, idem.StatusProcessing, rec.Status)
+	require.Equal(t, idem.StatusSucceeded, rec.Status)
 	require.Equal(t, c.Token, rec.Token)
 	_, err = b.store.Get(ctx, "t1/create", key)
 	require.ErrorIs(t, err, idem.ErrNotFound)
@@ -147,6 +162,7 @@ func testTxGetSeesOwnClaim[TTx any](t *testing.T, h Harness[TTx]) {
 	rec, err = b.store.Get(ctx, "t1/create", key)
 	require.NoError(t, err)
 	require.Equal(t, c.Token, rec.Token)
+	require.Equal(t, idem.StatusSucceeded, rec.Status)
 }
 
 func testDoCallbackErrorRollsBack[TTx any](t *testing.T, h Harness[TTx]) {
@@ -267,4 +283,58 @@ func testDoFinalFailureIsStoredAndCommitted[TTx any](t *testing.T, h Harness[TTx
 	require.Error(t, err)
 	_, err = b.store.Get(ctx, "t1/pay", k2)
 	require.ErrorIs(t, err, idem.ErrNotFound)
+}
+
+// testTxReleaseOrCompleteOnce: inside the claiming transaction a claim is
+// released or completed once; a second release or completion is fenced,
+// whether the claim wrote a record or was deferred. A commit after the
+// release leaves the key free; after the completion, completed.
+func testTxReleaseOrCompleteOnce[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := setup(t, h, nil)
+	key := newKey("release-once")
+	tx := b.begin(ctx, t)
+	c, err := b.store.ClaimTx(ctx, tx, "t1/create", key, fp("x"))
+	require.NoError(t, err)
+	require.True(t, c.Acquired())
+	require.NoError(t, b.store.ReleaseTx(ctx, tx, c))
+	require.ErrorIs(t, b.store.ReleaseTx(ctx, tx, c), idem.ErrFenced, "released already")
+	require.ErrorIs(t, b.store.CompleteTx(ctx, tx, c, orderResponse(key)), idem.ErrFenced, "released already")
+	require.NoError(t, b.ns.Dialect.Commit(ctx, tx))
+	again, err := b.store.Claim(ctx, "t1/create", key, fp("x"))
+	require.NoError(t, err)
+	require.True(t, again.Acquired(), "the release committed: the key is free")
+
+	key = newKey("complete-once")
+	tx = b.begin(ctx, t)
+	c, err = b.store.ClaimTx(ctx, tx, "t1/create", key, fp("x"))
+	require.NoError(t, err)
+	require.NoError(t, b.store.CompleteTx(ctx, tx, c, orderResponse(key)))
+	require.ErrorIs(t, b.store.CompleteTx(ctx, tx, c, orderResponse("other")), idem.ErrFenced, "completed already")
+	require.ErrorIs(t, b.store.ReleaseTx(ctx, tx, c), idem.ErrFenced, "completed already")
+	require.NoError(t, b.ns.Dialect.Commit(ctx, tx))
+	rec, err := b.store.Get(ctx, "t1/create", key)
+	require.NoError(t, err)
+	require.Equal(t, idem.StatusSucceeded, rec.Status)
+	require.Equal(t, orderResponse(key).Body, rec.Response.Body, "the first completion stands")
+}
+
+// testTxCommitWithoutCompletion: what a commit of the claiming transaction
+// without a completion leaves, as Store.ClaimTx documents it. With deferred
+// claims, nothing: the key is free, as after a rollback. Without, the
+// processing record: the key answers in progress.
+func testTxCommitWithoutCompletion[TTx any](t *testing.T, h Harness[TTx]) {
+	ctx, b := setup(t, h, nil)
+	key := newKey("no-completion")
+	tx := b.begin(ctx, t)
+	c, err := b.store.ClaimTx(ctx, tx, "t1/create", key, fp("x"))
+	require.NoError(t, err)
+	require.True(t, c.Acquired())
+	require.NoError(t, b.ns.Dialect.Commit(ctx, tx))
+	again, err := b.store.Claim(ctx, "t1/create", key, fp("x"))
+	if h.Features().DeferredClaims {
+		require.NoError(t, err)
+		require.True(t, again.Acquired(), "a deferred claim left nothing behind")
+		return
+	}
+	require.ErrorIs(t, err, idem.ErrInProgress, "the processing record committed")
 }

@@ -701,10 +701,12 @@ func inprocOpenMySQL(t *testing.T, dsn string, cfg inprocConfig) (*inprocService
 	return inprocStart(t, dialectMySQL, idemmysql.New(db), inprocSQLRepo{db: db}, cfg), name
 }
 
-// inprocMySQLDB opens a pool of at most conns connections, closed when t ends.
+// inprocMySQLDB opens a pool of at most conns connections, closed when t
+// ends, through idem's connector (Do's BEGIN with its claim, its COMMIT
+// with its completion), as examples/orders does.
 func inprocMySQLDB(t *testing.T, cfg *gomysql.Config, conns int) *sql.DB {
 	t.Helper()
-	connector, err := gomysql.NewConnector(cfg)
+	connector, err := idemmysql.NewConnector(cfg)
 	if err != nil {
 		t.Fatalf("MySQL connector: %v", err)
 	}

@@ -25,7 +25,10 @@ package faults
 //     extended-protocol batch [complete; COMMIT].
 //   - MySQL: packets (3-byte length, sequence number). A client packet with
 //     sequence 0 is a command; go-sql-driver sends BEGIN as COM_QUERY
-//     "START TRANSACTION" and Tx.Commit as COM_QUERY "COMMIT". The first
+//     "START TRANSACTION" and Tx.Commit as COM_QUERY "COMMIT"; on a pool of
+//     idemmysql.NewConnector, Do sends START TRANSACTION inside the claim's
+//     compound statement (BEGIN NOT ATOMIC ... END) and COMMIT at the end of
+//     the completion's, each one COM_QUERY. The first
 //     server packet of sequence 1 answers the command (OK 0x00, ERR 0xFF).
 //     A client that asks for TLS fails the test.
 
@@ -373,11 +376,24 @@ const (
 	wireBegin
 	wireCommit
 	wireRollback
+	// wireBeginWith begins a transaction and runs a statement of it: a
+	// compound statement carrying START TRANSACTION and the claim.
+	wireBeginWith
 )
 
 func wireClassify(sql string) int {
 	s := strings.ToLower(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(sql), ";")))
 	switch {
+	case strings.HasPrefix(s, "begin not atomic"):
+		// A MariaDB compound statement of idemmysql.NewConnector's pools.
+		words := strings.Join(strings.Fields(s), " ")
+		switch {
+		case strings.Contains(words, "start transaction"):
+			return wireBeginWith
+		case strings.HasSuffix(words, "commit; end"):
+			return wireCommit
+		}
+		return wireOther
 	case s == "begin" || strings.HasPrefix(s, "begin ") || strings.HasPrefix(s, "start transaction"):
 		return wireBegin
 	case s == "commit" || s == "end" || s == "commit work":
@@ -521,7 +537,7 @@ func (c *wireConn) decide(msg []byte) (int, wireEvent) {
 	if exec {
 		class = wireClassify(sql)
 	}
-	if class == wireBegin {
+	if class == wireBegin || class == wireBeginWith {
 		c.inTx = true
 		clear(c.seen)
 		c.txLog.Reset()
@@ -530,7 +546,7 @@ func (c *wireConn) decide(msg []byte) (int, wireEvent) {
 		c.txLog.WriteString(sql)
 		c.txLog.WriteByte('\n')
 	}
-	if c.inTx && c.rule == nil && class == wireOther {
+	if c.inTx && c.rule == nil && (class == wireOther || class == wireBeginWith) {
 		if r := c.p.match(msg, c.seen); r != nil {
 			c.rule, c.count = r, 0
 		}

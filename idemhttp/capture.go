@@ -45,8 +45,10 @@ type capture struct {
 	// put, when set, streams a response that may be stored and outgrows
 	// inline bytes to the store's BodyStore (see bodyspill.go); spilled is
 	// that put while it runs, ref its result.
-	put     func(io.Reader) (*idem.BodyRef, error)
-	inline  int
+	put    func(io.Reader) (*idem.BodyRef, error)
+	inline int
+	// spool is set when put must run after the handler (bodyspill.go).
+	spool   bool
 	spilled *spill
 	ref     *idem.BodyRef
 	putErr  error
@@ -139,7 +141,7 @@ func (c *capture) tooLarge() bool { return c.overflow || c.body.Len() > c.limit 
 func (c *capture) writeSpill(p []byte) (int, error) {
 	if c.spilled == nil {
 		c.sniff() // from the head of the body, as the server would
-		c.spilled = startSpill(c.put)
+		c.spilled = startSpill(c.put, c.spool)
 		err := c.spilled.write(c.body.Bytes())
 		c.body = bytes.Buffer{}
 		if err != nil {

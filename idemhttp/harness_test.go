@@ -71,6 +71,11 @@ type namespace[TTx any] struct {
 	// setStoredStatus overwrites the response status of every stored
 	// record by hand, as a damaged or hand-written row would have it.
 	setStoredStatus func(ctx context.Context, status int) error
+	// bodyTable is the dialect's table body store on the namespace.
+	bodyTable func(cfg *idem.TableBodyStoreConfig) idem.BodyStore
+	// dropBodies drops the idempotency_bodies table, so a table body
+	// store fails.
+	dropBodies func(ctx context.Context) error
 }
 
 // Short names for the two transaction types.
@@ -104,7 +109,13 @@ func (sqliteHarness) open(t *testing.T) *namespace[*sql.Tx] {
 		_, err := db.ExecContext(ctx, stmt)
 		require.NoError(t, err)
 	}
-	return sqlNamespace(idemsqlite.New(db), db)
+	ns := sqlNamespace(idemsqlite.New(db), db)
+	ns.bodyTable = func(cfg *idem.TableBodyStoreConfig) idem.BodyStore {
+		bs, err := idemsqlite.NewTableBodyStore(db, cfg)
+		require.NoError(t, err)
+		return bs
+	}
+	return ns
 }
 
 // newSQLiteStore returns a store on a fresh migrated SQLite file.
@@ -154,6 +165,10 @@ func sqlNamespace(d idem.Dialect[*sql.Tx], db *sql.DB) *namespace[*sql.Tx] {
 		},
 		setStoredStatus: func(ctx context.Context, status int) error {
 			_, err := db.ExecContext(ctx, `UPDATE idempotency_keys SET response_status = ?`, status)
+			return err
+		},
+		dropBodies: func(ctx context.Context) error {
+			_, err := db.ExecContext(ctx, `DROP TABLE idempotency_bodies`)
 			return err
 		},
 	}
@@ -250,6 +265,15 @@ func (h *pgHarness) open(t *testing.T) *namespace[pgx.Tx] {
 			_, err := pool.Exec(ctx, `UPDATE idempotency_keys SET response_status = $1::integer`, status)
 			return err
 		},
+		bodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore {
+			bs, err := idempg.NewTableBodyStore(pool, cfg)
+			require.NoError(t, err)
+			return bs
+		},
+		dropBodies: func(ctx context.Context) error {
+			_, err := pool.Exec(ctx, `DROP TABLE idempotency_bodies`)
+			return err
+		},
 	}
 }
 
@@ -342,6 +366,11 @@ func (h *mysqlHarness) open(t *testing.T) *namespace[*sql.Tx] {
 	) ENGINE = InnoDB`)
 	require.NoError(t, err)
 	ns := sqlNamespace(idemmysql.New(db), db)
+	ns.bodyTable = func(cfg *idem.TableBodyStoreConfig) idem.BodyStore {
+		bs, err := idemmysql.NewTableBodyStore(db, cfg)
+		require.NoError(t, err)
+		return bs
+	}
 	ns.breakTx = func(ctx context.Context, tx *sql.Tx) error {
 		var id int64
 		if err := tx.QueryRowContext(ctx, `SELECT CONNECTION_ID()`).Scan(&id); err != nil {

@@ -78,7 +78,7 @@ func (m *middleware[TTx]) serveLeased(w http.ResponseWriter, rq *request) {
 
 	a := &attempt{lease: lease, begin: run.begin, key: rq.key, scope: rq.scope, requestID: rq.requestID}
 	cw := m.newCapture(w, rq, a)
-	m.spillTo(cw, m.putFunc(ctx, lease.Claim()))
+	m.spillTo(cw, m.putFunc(ctx, lease.Claim(), nil))
 	defer cw.abortSpill() // a panic of the handler
 	returned := false
 	defer func() {
@@ -106,6 +106,10 @@ func (l *leasedRun[TTx]) finish(w http.ResponseWriter, rq *request, cw *capture,
 	tx, begun := l.close()
 	renewErr := l.stopRenewals()
 	storable := cw.status < 400 || final
+	if begun {
+		// A spooled body goes into the handler's transaction, with the record.
+		cw.putLater(m.putFunc(l.ctx, l.lease.Claim(), &tx))
+	}
 	spillErr := cw.endSpill(storable && !cw.streamed && renewErr == nil && l.beginErr == nil)
 	switch {
 	case cw.streamed:

@@ -222,7 +222,7 @@ func (m *middleware[TTx]) serveTransactional(w http.ResponseWriter, rq *request)
 	res, err := m.store.Do(ctx, rq.scope, rq.key, rq.fp, func(ctx context.Context, tx TTx) (*idem.Response, error) {
 		a := &attempt{tx: tx, key: rq.key, scope: rq.scope, requestID: rq.requestID}
 		cw := m.newCapture(w, rq, a)
-		m.spillTo(cw, m.putFunc(ctx, idem.DoClaim(ctx)))
+		m.spillTo(cw, m.putFunc(ctx, idem.DoClaim(ctx), &tx))
 		defer cw.abortSpill() // a panic of the handler
 		last = cw
 		m.runHandler(cw, rq, context.WithValue(ctx, attemptKey{}, a), a)
@@ -481,6 +481,18 @@ func (m *middleware[TTx]) log(rq *request, outcome string, status int, extra ...
 	case "rolled_back_not_released":
 		level = slog.LevelWarn
 	}
+	latency := time.Since(rq.start)
+	if m.cfg.Logger.Enabled(rq.r.Context(), level) {
+		// The digests cost a hash each: not built for a logger that drops them.
+		m.cfg.Logger.LogAttrs(rq.r.Context(), level, "idemhttp: request", m.logAttrs(rq, outcome, status, latency, extra)...)
+	}
+	if m.cfg.Observe != nil {
+		m.observe(rq.r.Context(), rq, outcome, status, latency)
+	}
+}
+
+// logAttrs are the attributes of a request's record.
+func (m *middleware[TTx]) logAttrs(rq *request, outcome string, status int, latency time.Duration, extra []slog.Attr) []slog.Attr {
 	attrs := make([]slog.Attr, 0, 9)
 	attrs = append(attrs,
 		slog.String("outcome", outcome),
@@ -503,12 +515,7 @@ func (m *middleware[TTx]) log(rq *request, outcome string, status int, extra ...
 		attrs = append(attrs, slog.Int("attempt", rq.attempt))
 	}
 	attrs = append(attrs, extra...)
-	latency := time.Since(rq.start)
-	attrs = append(attrs, slog.Duration("latency", latency))
-	m.cfg.Logger.LogAttrs(rq.r.Context(), level, "idemhttp: request", attrs...)
-	if m.cfg.Observe != nil {
-		m.observe(rq.r.Context(), rq, outcome, status, latency)
-	}
+	return append(attrs, slog.Duration("latency", latency))
 }
 
 // scopeDigest is a short, non-reversible label for a scope, which holds the

@@ -31,7 +31,7 @@ const VersionTable = "idem_goose_db_version"
 // SchemaVersion is the newest migration version in every dialect's
 // directory: the schema this version of idem reads and writes. A Check
 // (idem.Store.Check) reports a database whose version table is behind it.
-const SchemaVersion int64 = 3
+const SchemaVersion int64 = 4
 
 // Dialect names accepted by [FS] and [NewProvider].
 const (

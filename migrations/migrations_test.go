@@ -105,8 +105,17 @@ func TestSQLiteUpAndDown(t *testing.T) {
 
 	var tables int
 	require.NoError(t, db.QueryRowContext(ctx,
-		`SELECT count(*) FROM sqlite_master WHERE name = 'idempotency_keys'`).Scan(&tables))
+		`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('idempotency_keys', 'idempotency_bodies')`).Scan(&tables))
+	require.Equal(t, 2, tables, "the records' table and the body table (00004)")
+
+	// One version down removes the body table only.
+	_, err = p.Down(ctx)
+	require.NoError(t, err)
+	require.NoError(t, db.QueryRowContext(ctx,
+		`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('idempotency_keys', 'idempotency_bodies')`).Scan(&tables))
 	require.Equal(t, 1, tables)
+	_, err = p.Up(ctx)
+	require.NoError(t, err)
 
 	down, err := p.DownTo(ctx, 0)
 	require.NoError(t, err)

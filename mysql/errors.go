@@ -25,6 +25,7 @@ const (
 	erLockWaitTimeout   = 1205 // ER_LOCK_WAIT_TIMEOUT
 	erLockDeadlock      = 1213 // ER_LOCK_DEADLOCK, also Galera's certification failure and brute-force abort
 	erReadOnly          = 1290 // ER_OPTION_PREVENTS_STATEMENT: a --read-only server
+	erSignalException   = 1644 // ER_SIGNAL_EXCEPTION: completeCommit's SIGNAL
 	erConnectionKilled  = 1927 // ER_CONNECTION_KILLED: MariaDB, the server is shutting down
 )
 

@@ -103,12 +103,14 @@ type galeraNS struct {
 
 // open creates a database on node 1 (replicated to all by TOI), migrated
 // with the orders table unless bare, and a pool on it per node; params are
-// session variables set on every connection.
+// session variables set on every connection. Node 1's pool is the driver's;
+// nodes 2 and 3 have pools of idemmysql.NewConnector, so that races across
+// nodes, and certification failures, meet both of Do's paths.
 func (c *galeraCluster) open(ctx context.Context, t *testing.T, bare bool, params map[string]string) *galeraNS {
 	t.Helper()
 	name := c.nodes[0].createDatabase(ctx, t)
 	ns := &galeraNS{name: name}
-	for _, n := range c.nodes {
+	for i, n := range c.nodes {
 		cfg := n.config(name, true)
 		cfg.Timeout = 5 * time.Second
 		cfg.ReadTimeout = 30 * time.Second
@@ -119,7 +121,11 @@ func (c *galeraCluster) open(ctx context.Context, t *testing.T, bare bool, param
 			}
 			cfg.Params[k] = v
 		}
-		db := openDB(t, cfg)
+		open := openDB
+		if i > 0 {
+			open = openPiped
+		}
+		db := open(t, cfg)
 		db.SetMaxOpenConns(20)
 		db.SetMaxIdleConns(20)
 		ns.dbs = append(ns.dbs, db)
@@ -441,6 +447,50 @@ func TestGaleraCallbackCertificationFailure(t *testing.T) {
 	}
 	t.Logf("the certification failure came %s", where)
 	require.Equal(t, 1, orderCounts(ctx, t, ns.dbs[0])["cert-1"])
+	var n int
+	require.NoError(t, ns.dbs[0].QueryRowContext(ctx, "SELECT n FROM stock WHERE id = 1").Scan(&n))
+	require.Equal(t, 11, n, "node 1's write and the retried callback's, once each")
+}
+
+// TestGaleraCertificationFailureAtCompletion: as
+// TestGaleraCallbackCertificationFailure, but node 1's conflicting write
+// commits after the callback's last statement, so that the failure (1213)
+// comes at the statement that carries the completion and COMMIT (node 2's
+// pool is NewConnector's): nothing of the first try commits, Do runs the
+// callback again, and the order and the stock change once.
+func TestGaleraCertificationFailureAtCompletion(t *testing.T) {
+	c := testGalera(t)
+	ctx := t.Context()
+	ns := c.open(ctx, t, false, nil)
+	_, err := ns.dbs[0].ExecContext(ctx, "CREATE TABLE stock (id INT PRIMARY KEY, n INT NOT NULL) ENGINE = InnoDB")
+	require.NoError(t, err)
+	_, err = ns.dbs[0].ExecContext(ctx, "INSERT INTO stock VALUES (1, 0)")
+	require.NoError(t, err)
+	c.waitFor(ctx, t, "SELECT COUNT(*) FROM "+ns.name+".stock", 1)
+	s, err := idem.New(idemmysql.New(ns.dbs[1]), &idem.Config{MaxTxRetries: 3})
+	require.NoError(t, err)
+	tries := 0
+	res, err := s.Do(ctx, "cert", "cert-2", idem.Fingerprint{}, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+		tries++
+		if _, err := tx.ExecContext(ctx, "UPDATE stock SET n = n + 1 WHERE id = 1"); err != nil {
+			return nil, err
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO orders (ref, node) VALUES ('cert-2', 2)"); err != nil {
+			return nil, err
+		}
+		if tries == 1 {
+			// Node 1 commits a write of the same row first; this
+			// transaction's next statement is its completion and COMMIT.
+			if _, err := ns.dbs[0].ExecContext(ctx, "UPDATE stock SET n = n + 10 WHERE id = 1"); err != nil {
+				return nil, err
+			}
+		}
+		return &idem.Response{StatusCode: 201}, nil
+	})
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	require.Equal(t, 2, tries, "the aborted transaction ran once more")
+	c.waitFor(ctx, t, "SELECT COUNT(*) FROM "+ns.name+".orders WHERE ref = 'cert-2'", 1)
 	var n int
 	require.NoError(t, ns.dbs[0].QueryRowContext(ctx, "SELECT n FROM stock WHERE id = 1").Scan(&n))
 	require.Equal(t, 11, n, "node 1's write and the retried callback's, once each")

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,6 +23,12 @@ import (
 type Dialect struct {
 	db   *sql.DB
 	pool *executor
+	// piped is true when db was opened with NewConnector: Do's
+	// transactions then begin with their claim and commit with their
+	// completion, on MariaDB. Read by the first BeginClaim (New does not
+	// touch db: a zero sql.DB has no driver to ask).
+	pipedOnce sync.Once
+	piped     bool
 	// server is nil until the first statement that bounds its lock wait
 	// has read it; see serverInfo.
 	server atomic.Pointer[serverInfo]
@@ -41,6 +48,9 @@ type waitPrefix struct {
 // claimStatements are the claim's statements with one prefix prepended.
 type claimStatements struct {
 	prefix, insert, insertReturning, sel string
+	// beginInsertReturning is START TRANSACTION and insertReturning in one
+	// compound statement, for a transaction of BeginClaim.
+	beginInsertReturning string
 }
 
 // claimStatementsFor returns the claim's statements prefixed by prefix.
@@ -53,6 +63,8 @@ func (d *Dialect) claimStatementsFor(prefix string) *claimStatements {
 		insert:          prefix + claimInsert,
 		insertReturning: prefix + claimInsertReturning,
 		sel:             prefix + claimSelect,
+
+		beginInsertReturning: beginWith(prefix + claimInsertReturning),
 	}
 	d.claimSQL.Store(c)
 	return c
@@ -91,6 +103,10 @@ var errNilTx = errors.New("idem: mysql: nil *sql.Tx")
 // the default loc (UTC); see the package documentation. New does not touch
 // the database: the server's flavour is read by the first claim, takeover
 // or lease renewal.
+//
+// A pool opened with [NewConnector] saves two round trips in every
+// [idem.Store.Do] on MariaDB; any other pool of the driver works as well,
+// with the round trips database/sql sends.
 func New(db *sql.DB) *Dialect {
 	d := &Dialect{db: db}
 	d.pool = &executor{d: d, h: db, db: db}
@@ -346,7 +362,13 @@ func claim(ctx context.Context, h dbtx, p *idem.ClaimParams, q *claimStatements,
 	var err error
 	if mariaDB {
 		var lease, created, expires dbTime
-		err = h.QueryRowContext(ctx, q.insertReturning, args[:]...).Scan(&lease, &created, &expires)
+		qctx := ctx
+		if ctx.Value(lazyBeginKey{}) != nil {
+			// The first statement of BeginClaim's transaction carries its
+			// START TRANSACTION (see pipeConn).
+			qctx = context.WithValue(ctx, firstStatementKey{}, q.beginInsertReturning)
+		}
+		err = h.QueryRowContext(qctx, q.insertReturning, args[:]...).Scan(&lease, &created, &expires)
 		if err == nil {
 			// Exactly the stored record; created_at is the statement's clock.
 			rec := &idem.Record{
@@ -430,24 +452,34 @@ func (e *executor) Get(ctx context.Context, p *idem.GetParams) (*idem.Record, er
 // Complete implements idem.Executor. An empty body is stored as an empty
 // value, not NULL, and an empty header as NULL.
 func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
+	args, err := completeArgs(p)
+	if err != nil {
+		return err
+	}
+	res, err := e.h.ExecContext(ctx, complete, args...)
+	return fencedUnlessOne(res, err)
+}
+
+// completeArgs returns the arguments of complete (and completeCommit) for p.
+func completeArgs(p *idem.CompleteParams) ([]any, error) {
 	resp := p.Response
 	if resp == nil {
 		resp = &idem.Response{}
 	}
 	header, err := codec.EncodeHeader(resp.Header)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
 	now := pinned(p.Now)
-	res, err := e.h.ExecContext(ctx, complete,
+	return []any{
 		p.Status, resp.StatusCode, header, body,
 		now, now, now, p.Retention.Microseconds(),
-		[]byte(p.Scope), []byte(p.Key), p.Token, idem.StatusProcessing)
-	return fencedUnlessOne(res, err)
+		[]byte(p.Scope), []byte(p.Key), p.Token, idem.StatusProcessing,
+	}, nil
 }
 
 // Release implements idem.Executor.

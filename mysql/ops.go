@@ -28,6 +28,9 @@ WHERE table_schema = DATABASE() AND table_name IN ('idempotency_keys', '` + migr
 	// 00002) included: it fails on a table that lacks one.
 	opsColumns = `SELECT ` + recordColumns + `, key_digest FROM idempotency_keys LIMIT 0`
 
+	// opsBodyColumns fails without the body table of migration 00004.
+	opsBodyColumns = `SELECT address, seq, data, written_at FROM idempotency_bodies LIMIT 0`
+
 	opsFindKey = `SELECT ` + recordColumns + `
 FROM idempotency_keys
 WHERE scope = ? AND idempotency_key = ?`
@@ -59,23 +62,9 @@ FROM idempotency_keys`
 // the scan type of the server's clock), the selected database, and the
 // schema (table, columns, version).
 func (d *Dialect) Check(ctx context.Context) ([]idem.Problem, error) {
-	var problems []idem.Problem
-	var t dbTime
-	if err := d.db.QueryRowContext(ctx, clock).Scan(&t); err != nil {
-		switch {
-		case errors.Is(err, errParseTime):
-			problems = append(problems, idem.Problem{
-				What: "the DSN lacks parseTime=true: DATETIME values arrive as text",
-				Fix:  "add parseTime=true to the DSN",
-			})
-		case errors.Is(err, errNotUTC):
-			problems = append(problems, idem.Problem{
-				What: "the DSN sets loc to a zone other than UTC: times would be read in the wrong zone",
-				Fix:  "remove loc from the DSN or set loc=UTC",
-			})
-		default:
-			return nil, interpretError(err)
-		}
+	problems, err := d.checkClock(ctx)
+	if err != nil {
+		return nil, err
 	}
 	var name sql.NullString
 	if err := d.db.QueryRowContext(ctx, opsDatabase).Scan(&name); err != nil {
@@ -87,22 +76,9 @@ func (d *Dialect) Check(ctx context.Context) ([]idem.Problem, error) {
 			Fix:  "name the database in the DSN: user@tcp(host:3306)/dbname?parseTime=true",
 		}), nil
 	}
-	tables := map[string]bool{}
-	rows, err := d.db.QueryContext(ctx, opsTables)
+	tables, err := d.tables(ctx)
 	if err != nil {
-		return nil, interpretError(err)
-	}
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			rows.Close()
-			return nil, interpretError(err)
-		}
-		tables[n] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, interpretError(err)
+		return nil, err
 	}
 	schema, err := checkSchema(tables["idempotency_keys"], tables[migrations.VersionTable], func() (int64, error) {
 		var v int64
@@ -118,7 +94,64 @@ func (d *Dialect) Check(ctx context.Context) ([]idem.Problem, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(schema) == 0 {
+		rows, err := d.db.QueryContext(ctx, opsBodyColumns)
+		if err == nil {
+			rows.Close()
+		} else if errors.Is(interpretError(err), idem.ErrStoreUnavailable) {
+			return nil, interpretError(err)
+		} else {
+			schema = append(schema, idem.Problem{
+				What: "table idempotency_bodies (migration 00004) is missing or lacks columns: a table body store (mysql.NewTableBodyStore) would fail",
+				Fix:  "restore the table from idem's migrations",
+			})
+		}
+	}
 	return append(problems, schema...), nil
+}
+
+// checkClock reads the server's clock and turns a scan that shows a DSN
+// without parseTime=true, or with a loc other than UTC, into a problem.
+func (d *Dialect) checkClock(ctx context.Context) ([]idem.Problem, error) {
+	var t dbTime
+	err := d.db.QueryRowContext(ctx, clock).Scan(&t)
+	switch {
+	case err == nil:
+		return nil, nil
+	case errors.Is(err, errParseTime):
+		return []idem.Problem{{
+			What: "the DSN lacks parseTime=true: DATETIME values arrive as text",
+			Fix:  "add parseTime=true to the DSN",
+		}}, nil
+	case errors.Is(err, errNotUTC):
+		return []idem.Problem{{
+			What: "the DSN sets loc to a zone other than UTC: times would be read in the wrong zone",
+			Fix:  "remove loc from the DSN or set loc=UTC",
+		}}, nil
+	default:
+		return nil, interpretError(err)
+	}
+}
+
+// tables returns which of idem's tables exist in the selected database.
+func (d *Dialect) tables(ctx context.Context) (map[string]bool, error) {
+	rows, err := d.db.QueryContext(ctx, opsTables)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	defer rows.Close()
+	tables := map[string]bool{}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, interpretError(err)
+		}
+		tables[n] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretError(err)
+	}
+	return tables, nil
 }
 
 // checkSchema turns what the catalog said into problems. version and

@@ -140,6 +140,46 @@ const complete = `UPDATE idempotency_keys SET
 	expires_at = DATE_ADD(` + now + `, INTERVAL ? MICROSECOND)
 WHERE scope = ? AND idempotency_key = ? AND token = ? AND status = ?`
 
+// Statements of a pool opened with NewConnector, on MariaDB only (MySQL has
+// no compound statements outside stored programs): START TRANSACTION and
+// COMMIT each travel inside a statement of idem's instead of costing a round
+// trip of their own. A compound statement (BEGIN NOT ATOMIC ... END) is one
+// statement to the driver, so the DSN needs no multiStatements; the server
+// cannot prepare it, so its parameters are interpolated (NewConnector turns
+// interpolateParams on). The server stops a compound statement at its first
+// error: the statements after it do not run.
+const (
+	pipeBegin = "BEGIN NOT ATOMIC\nSTART TRANSACTION;\n"
+	pipeEnd   = ";\nEND"
+)
+
+// beginWith returns stmt preceded by START TRANSACTION in one compound
+// statement. A duplicate key error of stmt leaves the transaction open, as
+// after the two statements sent apart.
+func beginWith(stmt string) string { return pipeBegin + stmt + pipeEnd }
+
+// completeCommit is complete then COMMIT in one compound statement. COMMIT
+// must not run when complete matched no row (the caller's writes would
+// commit with a record left processing), so the statement raises
+// completeFenced instead, and the transaction stays open for the caller to
+// roll back. complete always changes status, so ROW_COUNT() is 1 when it
+// matched, whatever clientFoundRows says.
+//
+// Arguments: those of complete.
+const completeCommit = `BEGIN NOT ATOMIC
+` + complete + `;
+IF ROW_COUNT() <> 1 THEN
+	SIGNAL SQLSTATE '45000' SET MYSQL_ERRNO = ` + erSignalFencedText + `, MESSAGE_TEXT = '` + completeFencedMessage + `';
+END IF;
+COMMIT;
+END`
+
+// The error completeCommit raises when its completion matched no row.
+const (
+	erSignalFencedText    = "1644" // ER_SIGNAL_EXCEPTION, the number of a SIGNAL
+	completeFencedMessage = "idem: completion fenced"
+)
+
 // release deletes a processing record that still carries the token;
 // releaseLeaseExpired only while its lease has run out, so that a holder
 // that renewed meanwhile keeps its key. Like an UPDATE, a DELETE evaluates

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"regexp"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -164,6 +166,35 @@ func (h *harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace
 			}
 			_, err := pool.Exec(ctx, `UPDATE `+q("idempotency_keys")+` SET response_status = $1, response_headers = $2
 				WHERE scope = $3::text AND idempotency_key = $4::text`, code, headers, scope, key)
+			return err
+		},
+		BodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore {
+			bs, err := idempg.NewTableBodyStore(pool, cfg, idempg.WithSchema(schema))
+			require.NoError(t, err)
+			return bs
+		},
+		BodyRows: func(ctx context.Context) (int, error) {
+			var n int
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM `+q("idempotency_bodies")).Scan(&n)
+			return n, err
+		},
+		SetBodyChunk: func(ctx context.Context, address string, seq int64, data []byte) error {
+			var (
+				tag pgconn.CommandTag
+				err error
+			)
+			if data == nil {
+				tag, err = pool.Exec(ctx, `DELETE FROM `+q("idempotency_bodies")+` WHERE address = $1::text AND seq = $2::bigint`, address, seq)
+			} else {
+				tag, err = pool.Exec(ctx, `UPDATE `+q("idempotency_bodies")+` SET data = $1::bytea WHERE address = $2::text AND seq = $3::bigint`, data, address, seq)
+			}
+			if err == nil && tag.RowsAffected() != 1 {
+				err = fmt.Errorf("set body chunk: %d rows affected", tag.RowsAffected())
+			}
+			return err
+		},
+		DropBodyTable: func(ctx context.Context) error {
+			_, err := pool.Exec(ctx, `DROP TABLE `+q("idempotency_bodies"))
 			return err
 		},
 		Close: pool.Close,

@@ -24,15 +24,16 @@ const digestFunc = "idempotency_keys_digest"
 // path.
 type opsStatements struct {
 	// tableName and versionTable are what to_regclass resolves.
-	tableName, versionTable                                                                   string
-	version, columns, findKey, findDigest, deleteKey, deleteScopeHead, deleteScopeTail, stats string
+	tableName, versionTable                                                                                string
+	version, columns, bodyColumns, findKey, findDigest, deleteKey, deleteScopeHead, deleteScopeTail, stats string
 }
 
 func newOpsStatements(schema string) *opsStatements {
-	table, fn, vt := "idempotency_keys", digestFunc, migrations.VersionTable
+	table, fn, vt, bodyTable := "idempotency_keys", digestFunc, migrations.VersionTable, "idempotency_bodies"
 	if schema != "" {
 		o := options{schema: schema}
 		table, fn, vt = o.table(), pgx.Identifier{schema, digestFunc}.Sanitize(), o.versionTable()
+		bodyTable = pgx.Identifier{schema, bodyTable}.Sanitize()
 	}
 	cols := strings.ReplaceAll(recordColumns, "\n", " ")
 	return &opsStatements{
@@ -42,7 +43,9 @@ func newOpsStatements(schema string) *opsStatements {
 		// columns fails on a table that lacks a column idem reads, or
 		// without the digest function.
 		columns: `SELECT ` + cols + `, ` + fn + `(scope, idempotency_key) FROM ` + table + ` LIMIT 0`,
-		findKey: `SELECT ` + cols + ` FROM ` + table + ` WHERE scope = $1::text AND idempotency_key = $2::text`,
+		// bodyColumns fails without the body table of migration 00004.
+		bodyColumns: `SELECT address, seq, data, written_at FROM ` + bodyTable + ` LIMIT 0`,
+		findKey:     `SELECT ` + cols + ` FROM ` + table + ` WHERE scope = $1::text AND idempotency_key = $2::text`,
 		// The expression is the index's (00003), so the planner uses it.
 		findDigest:      `SELECT ` + cols + ` FROM ` + table + ` WHERE ` + fn + `(scope, idempotency_key) = $1::bytea`,
 		deleteKey:       `DELETE FROM ` + table + ` WHERE scope = $1::text AND idempotency_key = $2::text`,
@@ -110,19 +113,38 @@ func (d *Dialect) Check(ctx context.Context) ([]idem.Problem, error) {
 	if v < migrations.SchemaVersion {
 		return append(problems, idem.Problem{What: fmt.Sprintf("schema version is %d, this idem needs %d", v, migrations.SchemaVersion), Fix: migrate}), nil
 	}
-	rows, err := d.pool.Query(ctx, st.columns)
+	if p, err := d.probeColumns(ctx, st.columns, "table idempotency_keys lacks columns idem uses, or the digest function"); err != nil || p != nil {
+		if err != nil {
+			return nil, err
+		}
+		return append(problems, *p), nil
+	}
+	p, err := d.probeColumns(ctx, st.bodyColumns, "table idempotency_bodies (migration 00004) is missing or lacks columns: a table body store (postgres.NewTableBodyStore) would fail")
+	if err != nil {
+		return nil, err
+	}
+	if p != nil {
+		problems = append(problems, *p)
+	}
+	return problems, nil
+}
+
+// probeColumns runs query, which selects no row but names every column
+// idem uses: a failure other than the server being unreachable is the
+// problem what, a schema that is not idem's.
+func (d *Dialect) probeColumns(ctx context.Context, query, what string) (*idem.Problem, error) {
+	rows, err := d.pool.Query(ctx, query)
 	if err == nil {
 		rows.Close()
 		err = rows.Err()
 	}
-	if err != nil {
-		var classified error = interpretError(ctx, err)
-		if errors.Is(classified, idem.ErrStoreUnavailable) {
-			return nil, classified
-		}
-		problems = append(problems, idem.Problem{What: "table idempotency_keys lacks columns idem uses, or the digest function", Fix: "restore the schema from idem's migrations"})
+	if err == nil {
+		return nil, nil
 	}
-	return problems, nil
+	if classified := interpretError(ctx, err); errors.Is(classified, idem.ErrStoreUnavailable) {
+		return nil, classified
+	}
+	return &idem.Problem{What: what, Fix: "restore the schema from idem's migrations"}, nil
 }
 
 // Find implements idem.Operator.

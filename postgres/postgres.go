@@ -327,8 +327,10 @@ func (r *insertReader) readSecond(ctx context.Context, br pgx.BatchResults) erro
 
 // tryLockReader reads a deferred claim's [claimTryLock; claimReadLocked].
 type tryLockReader struct {
-	p         *idem.ClaimParams
-	locked    bool
+	p *idem.ClaimParams
+	// locked is nil when claimTryLock saw a committed record and took no
+	// lock, else whether the lock was granted.
+	locked    *bool
 	isolation string
 	now       time.Time
 	claimAnswer
@@ -346,17 +348,19 @@ func (r *tryLockReader) readSecond(ctx context.Context, br pgx.BatchResults) err
 		return interpretError(ctx, err)
 	}
 	defer rows.Close()
-	if !r.locked || !rows.Next() {
-		// Without the lock the read proves nothing; with it, no row
-		// means the key is free.
+	if r.locked != nil && !*r.locked {
+		// Another transaction holds the lock: the read proves nothing.
+		r.next = claimWaitForLock
+		return closeRows(ctx, rows)
+	}
+	if !rows.Next() {
 		if err := closeRows(ctx, rows); err != nil {
 			return err
 		}
-		if !r.locked {
-			r.next = claimWaitForLock
-			return nil
+		if r.locked == nil {
+			return idem.ErrNotFound // the record claimTryLock saw was deleted since
 		}
-		r.claimAnswer = acquireFree(r.p, r.isolation, r.now)
+		r.claimAnswer = acquireFree(r.p, r.isolation, r.now) // with the lock, no row: the key is free
 		return nil
 	}
 	rec, err := scanRecord(ctx, rows)

@@ -78,6 +78,23 @@ func (harness) Open(ctx context.Context, t *testing.T) *conformance.Namespace[*s
 				WHERE scope = ? AND idempotency_key = ?`, status, headers, scope, key)
 			return err
 		},
+		BodyTable: func(cfg *idem.TableBodyStoreConfig) idem.BodyStore {
+			bs, err := idemsqlite.NewTableBodyStore(db, cfg)
+			require.NoError(t, err)
+			return bs
+		},
+		BodyRows: func(ctx context.Context) (int, error) {
+			var n int
+			err := db.QueryRowContext(ctx, `SELECT count(*) FROM idempotency_bodies`).Scan(&n)
+			return n, err
+		},
+		SetBodyChunk: func(ctx context.Context, address string, seq int64, data []byte) error {
+			return conformance.SetBodyChunkSQL(ctx, db, address, seq, data)
+		},
+		DropBodyTable: func(ctx context.Context) error {
+			_, err := db.ExecContext(ctx, `DROP TABLE idempotency_bodies`)
+			return err
+		},
 		Close:    closeDB,
 		ChildEnv: []string{childPathEnv + "=" + path},
 	}

@@ -26,6 +26,9 @@ const (
 	// table that lacks one.
 	opsColumns = `SELECT ` + recordColumns + `, key_digest FROM idempotency_keys LIMIT 0`
 
+	// opsBodyColumns fails without the body table of migration 00004.
+	opsBodyColumns = `SELECT address, seq, data, written_at FROM idempotency_bodies LIMIT 0`
+
 	opsFindKey = `SELECT ` + recordColumns + `
 FROM idempotency_keys
 WHERE scope = ? AND idempotency_key = ?`
@@ -122,13 +125,16 @@ func (d *Dialect) Check(ctx context.Context) ([]idem.Problem, error) {
 	}, func() error {
 		_, err := conn.ExecContext(ctx, opsColumns)
 		return err
+	}, func() error {
+		_, err := conn.ExecContext(ctx, opsBodyColumns)
+		return err
 	})...), nil
 }
 
 // checkSchema turns what the catalog said into problems. version and
 // columns are called only when the tables exist; a columns error is a
 // problem (the table is not idem's), a version error an error.
-func checkSchema(table, versions bool, version func() (int64, error), columns func() error) []idem.Problem {
+func checkSchema(table, versions bool, version func() (int64, error), columns, bodyColumns func() error) []idem.Problem {
 	migrate := "run `idem migrate up` or sqlite.Migrate"
 	if !table {
 		return []idem.Problem{{What: "table idempotency_keys does not exist", Fix: migrate}}
@@ -146,7 +152,17 @@ func checkSchema(table, versions bool, version func() (int64, error), columns fu
 	if err := columns(); err != nil {
 		return []idem.Problem{{What: "table idempotency_keys lacks columns idem uses", Fix: "restore the table from idem's migrations"}}
 	}
+	if err := bodyColumns(); err != nil {
+		return []idem.Problem{bodyTableProblem}
+	}
 	return nil
+}
+
+// bodyTableProblem is Check's problem for a body table (migration 00004)
+// gone or altered after the migration: a table body store would fail.
+var bodyTableProblem = idem.Problem{
+	What: "table idempotency_bodies (migration 00004) is missing or lacks columns: a table body store (sqlite.NewTableBodyStore) would fail",
+	Fix:  "restore the table from idem's migrations",
 }
 
 // Find implements idem.Operator.

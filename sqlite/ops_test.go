@@ -3,6 +3,7 @@ package sqlite_test
 import (
 	"database/sql"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -59,7 +60,7 @@ func TestCheckAndBackfill(t *testing.T) {
 	_, err = p.UpTo(ctx, 1)
 	require.NoError(t, err)
 	got = checkProblems(t, db)
-	require.Equal(t, []string{"schema version is 1, this idem needs 3"}, got)
+	require.Equal(t, []string{fmt.Sprintf("schema version is 1, this idem needs %d", migrations.SchemaVersion)}, got)
 
 	// Rows of the version 1 schema, as an older idem wrote them.
 	for _, k := range []string{"a", "b", "c"} {
@@ -67,7 +68,7 @@ func TestCheckAndBackfill(t *testing.T) {
 			lease_expires_at, created_at, updated_at, expires_at) VALUES ('old', ?, zeroblob(32), 1, 1, 1, 0, 0, 0, 9000000000000000)`, k)
 		require.NoError(t, err)
 	}
-	_, err = p.UpTo(ctx, 3)
+	_, err = p.UpTo(ctx, migrations.SchemaVersion)
 	require.NoError(t, err)
 	require.Empty(t, checkProblems(t, db))
 	store, err := idem.New(idemsqlite.New(db), nil)

@@ -57,6 +57,8 @@ type Dialect struct {
 // already prepared on the transaction's connection.
 type txStatements struct {
 	claimSelect, claimInsert, completeUpdate, completeInsert preparedStmt
+	// preparing is set while prepareLater's goroutine runs.
+	preparing atomic.Bool
 }
 
 func newTxStatements(db *sql.DB) *txStatements {
@@ -68,13 +70,40 @@ func newTxStatements(db *sql.DB) *txStatements {
 	}
 }
 
+// all lists the statements.
+func (ts *txStatements) all() []*preparedStmt {
+	return []*preparedStmt{&ts.claimSelect, &ts.claimInsert, &ts.completeUpdate, &ts.completeInsert}
+}
+
 // prepare prepares the statements not prepared yet. A failure (no table
 // before Migrate, a closed DB) leaves the statement unprepared: it runs
-// unprepared, and the next Begin tries again.
+// unprepared, and the next Begin (or prepareLater) tries again.
 func (ts *txStatements) prepare(ctx context.Context) {
-	for _, p := range []*preparedStmt{&ts.claimSelect, &ts.claimInsert, &ts.completeUpdate, &ts.completeInsert} {
+	for _, p := range ts.all() {
 		if p.st.Load() == nil {
 			p.stmt(ctx)
+		}
+	}
+}
+
+// prepareLater prepares the statements not prepared yet in a goroutine of
+// its own, one at a time, for a transaction the caller began with
+// db.BeginTx (as README.md shows) rather than through Begin: preparing on
+// the pool from the caller's goroutine could wait forever for a
+// one-connection pool's only connection, which the transaction holds. So
+// that transaction runs them unprepared, and the goroutine waits for a free
+// connection; it ends once the statements are prepared, a prepare failed,
+// or db is closed.
+func (ts *txStatements) prepareLater() {
+	for _, p := range ts.all() {
+		if p.st.Load() == nil {
+			if ts.preparing.CompareAndSwap(false, true) {
+				go func() {
+					defer ts.preparing.Store(false)
+					ts.prepare(context.Background())
+				}()
+			}
+			return
 		}
 	}
 }
@@ -86,7 +115,7 @@ func (ts *txStatements) prepare(ctx context.Context) {
 //
 // New performs no I/O, and the Dialect never closes db.
 func New(db *sql.DB) *Dialect {
-	return &Dialect{db: db, pool: &executor{h: db, pool: db, get: &preparedStmt{db: db, query: getSelect}}, stmts: newTxStatements(db)}
+	return &Dialect{db: db, pool: &executor{h: db, pool: db, get: &preparedStmt{db: db, query: getSelect}, getCompleted: &preparedStmt{db: db, query: getCompletedSelect}}, stmts: newTxStatements(db)}
 }
 
 // Name returns "sqlite".
@@ -103,10 +132,14 @@ func (d *Dialect) DB() idem.Executor { return d.pool }
 // Tx returns an Executor that runs inside tx. It never commits or rolls back
 // tx. tx should have begun with BEGIN IMMEDIATE (through a DB opened by
 // [Open]); then it holds the database's write lock and Claim never waits.
+// The claim and completion statements run prepared in tx once they are
+// prepared on the pool: by [Dialect.Begin], or, for transactions begun
+// otherwise, in the background from the first such call on.
 func (d *Dialect) Tx(tx *sql.Tx) idem.Executor {
 	if tx == nil {
 		return failexec.Executor{Err: errNilTx}
 	}
+	d.stmts.prepareLater()
 	return &executor{h: tx, tx: tx, stmts: d.stmts}
 }
 
@@ -148,8 +181,9 @@ func (d *Dialect) Rollback(_ context.Context, tx *sql.Tx) error {
 type executor struct {
 	h    dbtx
 	pool *sql.DB
-	// get is the pool's prepared Get; nil in a transaction.
-	get *preparedStmt
+	// get is the pool's prepared Get, getCompleted its GetCompleted
+	// (replay.go); nil in a transaction.
+	get, getCompleted *preparedStmt
 	// tx and stmts are set in a transaction: the statements Begin prepared.
 	tx    *sql.Tx
 	stmts *txStatements
@@ -224,6 +258,7 @@ func (d *Dialect) ClaimDeferred(ctx context.Context, tx *sql.Tx, p *idem.ClaimPa
 	if tx == nil {
 		return nil, errNilTx
 	}
+	d.stmts.prepareLater()
 	return claimDeferred(ctx, &executor{h: tx, tx: tx, stmts: d.stmts}, p)
 }
 

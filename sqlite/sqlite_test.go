@@ -281,7 +281,10 @@ func TestBeginBusy(t *testing.T) {
 
 // A DEFERRED transaction (a DSN without _txlock=immediate) that read before
 // claiming cannot wait for the write lock: SQLite fails its first write at
-// once. The package documents this; Open avoids it.
+// once. The package documents this; Open avoids it. The claim is deferred
+// and only reads, so it acquires; the first write, the completion here (or
+// the caller's own first write), fails, and nothing can commit on a stale
+// snapshot.
 func TestDeferredTransactionThatRead(t *testing.T) {
 	t.Parallel()
 
@@ -312,8 +315,11 @@ func TestDeferredTransactionThatRead(t *testing.T) {
 		_, err := b.store.ClaimTx(ctx, holder, "orders", "other", fp("a"))
 		require.NoError(t, err)
 
+		c, err := store.ClaimTx(ctx, tx, "orders", "k1", fp("a"))
+		require.NoError(t, err)
+		require.True(t, c.Acquired())
 		start := time.Now()
-		_, err = store.ClaimTx(ctx, tx, "orders", "k1", fp("a"))
+		err = store.CompleteTx(ctx, tx, c, &idem.Response{StatusCode: 200})
 		require.ErrorIs(t, err, idem.ErrStoreUnavailable)
 		require.Equal(t, sqlite3.SQLITE_BUSY, sqliteCode(err)&0xff)
 		require.Less(t, time.Since(start), 3*time.Second, "fails at once, not after busy_timeout(5000)")
@@ -326,7 +332,10 @@ func TestDeferredTransactionThatRead(t *testing.T) {
 		_, err := b.store.Claim(ctx, "orders", "other", fp("a"))
 		require.NoError(t, err)
 
-		_, err = store.ClaimTx(ctx, tx, "orders", "k1", fp("a"))
+		c, err := store.ClaimTx(ctx, tx, "orders", "k1", fp("a"))
+		require.NoError(t, err)
+		require.True(t, c.Acquired())
+		err = store.CompleteTx(ctx, tx, c, &idem.Response{StatusCode: 200})
 		require.ErrorIs(t, err, idem.ErrRetryable, "the snapshot is stale: run the transaction again")
 		require.Equal(t, sqlite3.SQLITE_BUSY_SNAPSHOT, sqliteCode(err))
 	})
@@ -712,6 +721,41 @@ func TestTxOfAnotherDB(t *testing.T) {
 		require.Equal(t, idem.StatusSucceeded, rec.Status)
 		require.Equal(t, key, string(rec.Response.Body))
 	}
+}
+
+// TestCallerTxPreparesStatements: a transaction the caller began with
+// db.BeginTx (README's path), not Dialect.Begin, gets the prepared claim and
+// completion statements too: the first one runs them unprepared and has them
+// prepared in the background, without a deadlock on a one-connection pool
+// whose only connection it holds.
+func TestCallerTxPreparesStatements(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db, err := idemsqlite.Open(filepath.Join(t.TempDir(), "idem.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(1)
+	require.NoError(t, idemsqlite.Migrate(ctx, db))
+	d := idemsqlite.New(db)
+	store, err := idem.New(d, nil)
+	require.NoError(t, err)
+	require.False(t, idemsqlite.Prepared(d), "New prepares nothing")
+
+	fp := idem.NewFingerprint([]byte("x"))
+	for _, key := range []string{"k1", "k2"} {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		c, err := store.ClaimTx(ctx, tx, "s", key, fp)
+		require.NoError(t, err)
+		require.True(t, c.Acquired())
+		require.NoError(t, store.CompleteTx(ctx, tx, c, &idem.Response{StatusCode: 201, Body: []byte(key)}))
+		require.NoError(t, tx.Commit())
+		rec, err := store.Get(ctx, "s", key)
+		require.NoError(t, err)
+		require.Equal(t, key, string(rec.Response.Body))
+	}
+	require.Eventually(t, func() bool { return idemsqlite.Prepared(d) }, 5*time.Second, 10*time.Millisecond,
+		"the statements are prepared once the pool's connection is free")
 }
 
 // TestNegativeLimitRefused: SQLite reads LIMIT -1 as no limit at all; the

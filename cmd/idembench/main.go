@@ -58,6 +58,10 @@
 //	redis     go-redis SetNX (SET key NX EX) in Redis; the bare transaction; SET key response
 //	httpplain POST /orders over loopback to a handler running the bare transaction
 //	http      the same through idemhttp's middleware; compared with httpplain
+//	httppk    POST over loopback (the same request) to a handler answering from a
+//	          plain primary-key SELECT of a seeded record: the baseline of httpreplay
+//	httpreplay POST /orders through the middleware with a key completed before
+//	          the measurement (the stored response comes back); compared with httppk
 //
 // Each dialect works in a namespace of its own (a schema on PostgreSQL, a
 // database on MariaDB, a file on SQLite) migrated with the shipped
@@ -82,12 +86,14 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/workload"
 )
 
@@ -99,7 +105,7 @@ const (
 
 var allScenarios = []string{
 	"bare", "tx", "do", "separate", "leased", "replay", "get", "pkselect",
-	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http",
+	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http", "httppk", "httpreplay",
 }
 
 // config is the parsed command line.
@@ -117,13 +123,16 @@ type config struct {
 	reaperRows   int
 	reaperPause  time.Duration
 	reaperBatch  int
-	seeds        int
-	hotWorkers   int
-	hotKeys      int
-	redisAddr    string
-	keep         bool
-	jsonPath     string
-	runID        string
+	cpuProfile   string
+	// store is the Config of every Store the tool opens (-replay-read).
+	store      *idem.Config
+	seeds      int
+	hotWorkers int
+	hotKeys    int
+	redisAddr  string
+	keep       bool
+	jsonPath   string
+	runID      string
 }
 
 // target is one dialect and where to find it.
@@ -145,6 +154,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	m := machine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
 	if cfg.wants("redis") {
@@ -198,6 +218,7 @@ func runTarget(ctx context.Context, cfg *config, t target, log io.Writer) (*dial
 			return nil, err
 		}
 		defer b.close()
+		b.storeCfg = cfg.store
 		return runBackend(ctx, cfg, b, log)
 	case "mysql":
 		b, err := newMySQLBackend(ctx, t.dsn)
@@ -205,6 +226,7 @@ func runTarget(ctx context.Context, cfg *config, t target, log io.Writer) (*dial
 			return nil, err
 		}
 		defer b.close()
+		b.storeCfg = cfg.store
 		return runBackend(ctx, cfg, b, log)
 	default:
 		dir := t.dsn
@@ -219,6 +241,7 @@ func runTarget(ctx context.Context, cfg *config, t target, log io.Writer) (*dial
 			dir = d
 		}
 		b := newSQLiteBackend(dir)
+		b.storeCfg = cfg.store
 		return runBackend(ctx, cfg, b, log)
 	}
 }
@@ -243,6 +266,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&cfg.reaperRows, "reaper-rows", 100_000, "expired records seeded for the reaper scenario")
 	fs.DurationVar(&cfg.reaperPause, "reaper-pause", 0, "ReaperConfig.BatchPause of the reaper scenario (0: none, the default)")
 	fs.IntVar(&cfg.reaperBatch, "reaper-batch", 0, "ReaperConfig.BatchSize of the reaper scenario (0: the default, 1000)")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (the tool's side: clients, idem, the HTTP server, SQLite) to this file")
+	replayRead := fs.String("replay-read", "auto", "Config.ReplayRead of every store: auto, always (Do reads the key first; do then shows what it costs a new key) or never")
 	fs.IntVar(&cfg.seeds, "seeds", 1000, "completed records restored before every measurement; replay, get and pkselect read them")
 	fs.IntVar(&cfg.hotWorkers, "hot-workers", 100, "workers of the hotkeys scenario")
 	fs.IntVar(&cfg.hotKeys, "hot-keys", 10, "keys the hotkeys workers share at a time")
@@ -293,12 +318,17 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("-reps must be at least 1")
 	case cfg.prefill < 1 || cfg.reaperRows < 1 || cfg.seeds < 1 || cfg.hotWorkers < 1 || cfg.hotKeys < 1:
 		return nil, errors.New("-prefill, -reaper-rows, -seeds, -hot-workers and -hot-keys must be at least 1")
+	case !slices.Contains([]string{"auto", "always", "never"}, *replayRead):
+		return nil, fmt.Errorf("-replay-read %q: want auto, always or never", *replayRead)
 	case cfg.reaperPause < 0 || cfg.reaperBatch < 0:
 		return nil, errors.New("-reaper-pause and -reaper-batch must not be negative")
 	}
 	if cfg.warmup < 0 {
 		cfg.warmup = min(cfg.duration/5, time.Second)
 	}
+	cfg.store = &idem.Config{ReplayRead: map[string]idem.ReplayRead{
+		"auto": idem.ReplayReadAuto, "always": idem.ReplayReadAlways, "never": idem.ReplayReadNever,
+	}[*replayRead]}
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	cfg.runID = hex.EncodeToString(id[:])

@@ -131,14 +131,14 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			_ = db.Close()
 			return nil, err
 		}
-		store, err := idem.New(idemmysql.New(db), nil)
+		store, err := idem.New(idemmysql.New(db), b.storeCfg)
 		if err != nil {
 			_ = db.Close()
 			_ = adm.Close()
 			return nil, err
 		}
 		return &pools[*sql.Tx]{
-			store: store, readStore: store, admin: sqlAdmin{adm}, pkSelect: sqlPKSelect(db),
+			store: store, readStore: store, admin: sqlAdmin{adm}, pkSelect: sqlPKSelect(db), storePKSelect: sqlPKSelect(db),
 			close: func() { _ = db.Close(); _ = adm.Close() },
 		}, nil
 	}
@@ -147,7 +147,10 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 
 // mysqlDB opens a pool of conns connections on database name (none when
 // empty) with what idem needs (parseTime, UTC) and interpolateParams, as
-// BenchmarkIdem does: it saves a prepare round trip per statement. via,
+// BenchmarkIdem does: it saves a prepare round trip per statement. The
+// measured pools (not admin) go through idemmysql.NewConnector, as
+// docs/dialects.md recommends: Do's BEGIN travels with its claim and its
+// COMMIT with its completion; other transactions are the driver's. via,
 // when not empty, is the host:port to connect to instead of the server's
 // (the latency proxy). An admin pool's connections run without foreign
 // key checks, so that resets can truncate orders.
@@ -167,7 +170,11 @@ func mysqlDB(ctx context.Context, base *gomysql.Config, name string, conns int, 
 	cfg.ParseTime = true
 	cfg.Loc = time.UTC
 	cfg.InterpolateParams = true
-	conn, err := gomysql.NewConnector(cfg)
+	newConnector := idemmysql.NewConnector
+	if admin {
+		newConnector = gomysql.NewConnector
+	}
+	conn, err := newConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("mysql: %w", err)
 	}

@@ -129,22 +129,23 @@ func newPGBackend(ctx context.Context, url string) (*backend[pgx.Tx], error) {
 			pool.Close()
 			return nil, err
 		}
-		store, err := idem.New(idempg.New(pool), nil)
+		store, err := idem.New(idempg.New(pool), b.storeCfg)
 		if err != nil {
 			pool.Close()
 			adm.Close()
 			return nil, err
 		}
+		pkSelect := func(ctx context.Context, scope, key string) error {
+			var (
+				status       int16
+				fp, hdr, bdy []byte
+				code         int32
+			)
+			return pool.QueryRow(ctx, pgSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
+		}
 		return &pools[pgx.Tx]{
 			store: store, readStore: store, admin: pgAdmin{adm},
-			pkSelect: func(ctx context.Context, scope, key string) error {
-				var (
-					status       int16
-					fp, hdr, bdy []byte
-					code         int32
-				)
-				return pool.QueryRow(ctx, pgSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
-			},
+			pkSelect: pkSelect, storePKSelect: pkSelect,
 			close: func() { pool.Close(); adm.Close() },
 		}, nil
 	}

@@ -45,6 +45,9 @@ type row struct {
 	VsBare    float64       `json:"vs_bare,omitempty"`
 	Base      string        `json:"base,omitempty"`
 	VsBase    float64       `json:"vs_base,omitempty"`
+	// P99VsBase is the p99 latency ÷ that of Base in the same repetition
+	// (median): for the reaper, how much a claim's tail grows while it runs.
+	P99VsBase float64 `json:"p99_vs_base,omitempty"`
 	// VsProxy0 is the throughput ÷ that of the same scenario through the
 	// proxy without delay, same repetition (delayed RTTs only).
 	VsProxy0 float64 `json:"vs_proxy0,omitempty"`
@@ -82,6 +85,20 @@ func ratio(samples, base []*sample) float64 {
 	return median(r)
 }
 
+// p99Ratio is the median over repetitions of the p99 latency of samples
+// divided by that of base in the same repetition; 0 when never paired.
+func p99Ratio(samples, base []*sample) float64 {
+	var r []float64
+	for _, s := range samples {
+		for _, b := range base {
+			if b.rep == s.rep && b.hist.quantile(0.99) > 0 {
+				r = append(r, float64(s.hist.quantile(0.99))/float64(b.hist.quantile(0.99)))
+			}
+		}
+	}
+	return median(r)
+}
+
 // summarise fills d.Rows from the samples.
 func (d *dialectResult) summarise() {
 	d.Rows = nil
@@ -108,6 +125,7 @@ func (d *dialectResult) summarise() {
 		if b := d.base[k.scenario]; b != "" {
 			r.Base = b
 			r.VsBase = ratio(ss, d.samples[sampleKey{k.rtt, k.shape, b, k.workers}])
+			r.P99VsBase = p99Ratio(ss, d.samples[sampleKey{k.rtt, k.shape, b, k.workers}])
 		}
 		if k.rtt != "direct" && k.rtt != "proxy0" {
 			r.VsProxy0 = ratio(ss, d.samples[sampleKey{"proxy0", k.shape, k.scenario, k.workers}])
@@ -128,6 +146,9 @@ func (d *dialectResult) writeTable(w io.Writer) {
 		}
 		if r.VsBase != 0 {
 			vsBase = fmt.Sprintf("%.2f ÷ %s", r.VsBase, r.Base)
+			if r.P99VsBase != 0 {
+				vsBase += fmt.Sprintf(", p99 ×%.2f", r.P99VsBase)
+			}
 		}
 		if r.VsProxy0 != 0 {
 			vsProxy0 = fmt.Sprintf("%.2f", r.VsProxy0)

@@ -13,11 +13,13 @@ import (
 	"github.com/idemstore/idem/internal/testdb"
 )
 
-// TestRoundTripsThroughTheProxy runs the bare transaction of both shapes
-// on PostgreSQL and MariaDB through the proxy without delay: the counted
-// round trips per operation must be the statements the shapes send, BEGIN
-// and COMMIT included (3 for small, 8 for order), and the exactly-once
-// check must pass on a real server.
+// TestRoundTripsThroughTheProxy runs the bare transaction and Do of both
+// shapes on PostgreSQL and MariaDB through the proxy without delay: the
+// counted round trips per operation of the bare transaction must be the
+// statements the shapes send, BEGIN and COMMIT included (3 for small, 8 for
+// order), Do's the same (PostgreSQL's pgx batches; MariaDB's compound
+// statements of idemmysql.NewConnector carry BEGIN and COMMIT), and the
+// exactly-once check must pass on a real server.
 func TestRoundTripsThroughTheProxy(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ name, db string }{
@@ -35,7 +37,7 @@ func TestRoundTripsThroughTheProxy(t *testing.T) {
 			jsonPath := filepath.Join(t.TempDir(), "out.json")
 			var stdout, stderr bytes.Buffer
 			err := run(t.Context(), []string{
-				"-db", tc.db, "-scenarios", "bare", "-workers", "1", "-warmup", "300ms", "-duration", "700ms", "-reps", "1",
+				"-db", tc.db, "-scenarios", "bare,do", "-workers", "1", "-warmup", "300ms", "-duration", "700ms", "-reps", "1",
 				"-seeds", "10", "-rtt", "0", "-json", jsonPath,
 			}, &stdout, &stderr)
 			require.NoError(t, err, "stderr:\n%s", stderr.String())
@@ -44,18 +46,26 @@ func TestRoundTripsThroughTheProxy(t *testing.T) {
 			var rep report
 			require.NoError(t, json.Unmarshal(raw, &rep))
 			require.Len(t, rep.Dialects, 1)
-			want := map[string]float64{"small": 3, "order": 8}
+			rts := map[string]float64{"small": 3, "order": 8}
+			want := map[string]float64{}
+			for _, sc := range []string{"bare", "do"} {
+				for shape, n := range rts {
+					want[sc+"/"+shape] = n
+				}
+			}
 			for _, r := range rep.Dialects[0].Rows {
 				require.Equal(t, "proxy0", r.RTT)
+				name := r.Scenario + "/" + r.Shape
 				// The warm-up absorbs what a connection does once (pgx
 				// prepares each statement, a pool pings a connection idle
 				// for a second); the operation in flight when it ends may
 				// add up to one operation's round trips to the window's.
 				ops := r.OpsPerSec * 0.7
-				require.InDelta(t, want[r.Shape], r.RoundTrips, 0.01+want[r.Shape]/ops, "%s (%.0f operations)", r.Shape, ops)
-				delete(want, r.Shape)
+				require.Contains(t, want, name)
+				require.InDelta(t, want[name], r.RoundTrips, 0.01+want[name]/ops, "%s (%.0f operations)", name, ops)
+				delete(want, name)
 			}
-			require.Empty(t, want, "shapes not measured")
+			require.Empty(t, want, "scenarios not measured")
 		})
 	}
 }

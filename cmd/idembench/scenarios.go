@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -55,6 +57,10 @@ type pools[TTx any] struct {
 	readStore *idem.Store[TTx]
 	// pkSelect reads what a replay needs by primary key on readStore's pool.
 	pkSelect func(ctx context.Context, scope, key string) error
+	// storePKSelect is pkSelect on store's pool, the one the middleware
+	// replays from: the baseline of httpreplay (on SQLite, the writers' one
+	// connection; elsewhere pkSelect).
+	storePKSelect func(ctx context.Context, scope, key string) error
 	// admin runs the tool's own statements on the namespace.
 	admin admin
 	close func()
@@ -114,6 +120,8 @@ type backend[TTx any] struct {
 	// business returns shape's statements, run in tx for tenant.
 	business func(shape workload.Shape) func(ctx context.Context, tx TTx, tenant string) error
 	close    func()
+	// storeCfg is the Config of the Stores open makes (nil: the defaults).
+	storeCfg *idem.Config
 }
 
 // inTx runs fn in a business transaction of s's dialect and commits it.
@@ -488,44 +496,86 @@ func countRedisKeys(ctx context.Context, rc *redis.Client, prefix string) (done,
 }
 
 // httpScenarios post orders of shape to the test server: through the
-// middleware (http) and to the same handler without it (httpplain).
+// middleware (http) and to the same handler without it (httpplain); and
+// replays through the middleware (httpreplay) beside a plain read endpoint
+// (httppk).
 func (l *level[TTx]) httpScenarios(shape workload.Shape) []*scenario {
-	post := func(ctx context.Context, path string, want int) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.httpSrv.URL+path, bytes.NewReader(orderRequest))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", workload.NewKey())
-		resp, err := l.httpCli.Do(req)
-		if err != nil {
-			return err
-		}
-		var buf [512]byte
-		for {
-			if _, err := resp.Body.Read(buf[:]); err != nil {
-				break
-			}
-		}
-		_ = resp.Body.Close()
-		if resp.StatusCode != want {
-			return fmt.Errorf("POST %s: status %d", path, resp.StatusCode)
-		}
-		return nil
-	}
 	plain, idem := "/plain/"+string(shape)+"/orders", "/idem/"+string(shape)+"/orders"
+	replayKeys := make([]string, 200)
 	return []*scenario{
-		{name: "httpplain", writes: writesPlain, op: func(ctx context.Context, _ int) error { return post(ctx, plain, http.StatusCreated) }},
-		{name: "http", base: "httpplain", writes: writesIdem, op: func(ctx context.Context, _ int) error { return post(ctx, idem, http.StatusCreated) }},
+		{name: "httpplain", writes: writesPlain, op: func(ctx context.Context, _ int) error {
+			_, err := l.post(ctx, plain, workload.NewKey(), http.StatusCreated)
+			return err
+		}},
+		{name: "http", base: "httpplain", writes: writesIdem, op: func(ctx context.Context, _ int) error {
+			_, err := l.post(ctx, idem, workload.NewKey(), http.StatusCreated)
+			return err
+		}},
+		{name: "httppk", op: func(ctx context.Context, _ int) error {
+			k := l.seeds[rand.IntN(len(l.seeds))] //nolint:gosec // workload randomness
+			_, err := l.post(ctx, "/pk/"+url.PathEscape(k.scope)+"/"+url.PathEscape(k.key), k.key, http.StatusCreated)
+			return err
+		}},
+		{name: "httpreplay", base: "httppk",
+			prepare: func(ctx context.Context) error {
+				for i := range replayKeys {
+					replayKeys[i] = workload.NewKey()
+					if _, err := l.post(ctx, idem, replayKeys[i], http.StatusCreated); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+			op: func(ctx context.Context, _ int) error {
+				h, err := l.post(ctx, idem, replayKeys[rand.IntN(len(replayKeys))], http.StatusCreated) //nolint:gosec // workload randomness
+				if err == nil && h.Get("Idempotency-Replayed") != "true" {
+					err = errors.New("completed key not replayed")
+				}
+				return err
+			}},
 	}
+}
+
+// post sends orderRequest to path with key and checks the status.
+func (l *level[TTx]) post(ctx context.Context, path, key string, want int) (http.Header, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.httpSrv.URL+path, bytes.NewReader(orderRequest))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	return l.send(req, want)
+}
+
+// send sends req, reads the whole answer and checks its status.
+func (l *level[TTx]) send(req *http.Request, want int) (http.Header, error) {
+	resp, err := l.httpCli.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	var buf [512]byte
+	for {
+		if _, err := resp.Body.Read(buf[:]); err != nil {
+			break
+		}
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != want {
+		return nil, fmt.Errorf("%s %s: status %d", req.Method, req.URL.Path, resp.StatusCode)
+	}
+	return resp.Header, nil
 }
 
 var orderRequest = []byte(`{"amount":{"value":"1999","currency":"EUR"},"items":[{"sku":"SKU-1234","qty":2}]}`)
 
 // newHTTPServer serves POST /idem/<shape>/orders through idemhttp and
 // POST /plain/<shape>/orders without it, both running the same business
-// transaction of the shape.
-func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) func(context.Context, TTx, string) error) (*httptest.Server, error) {
+// transaction of the shape, and POST /pk/<scope>/<key>, which reads the
+// request and answers the stored response after a plain primary-key
+// SELECT of the record.
+func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) func(context.Context, TTx, string) error,
+	pkSelect func(ctx context.Context, scope, key string) error,
+) (*httptest.Server, error) {
 	write := func(w http.ResponseWriter) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", "/orders/ord_7GQ2V9X4KD8M3N5P")
@@ -561,6 +611,20 @@ func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) fu
 			write(w)
 		})
 	}
+	// The replay baseline: the same request read, the record read by
+	// primary key, the stored response written, as an unprotected
+	// endpoint answering from one read would.
+	mux.HandleFunc("POST /pk/{scope}/{key}", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			http.Error(w, "no body", http.StatusBadRequest)
+			return
+		}
+		if err := pkSelect(r.Context(), r.PathValue("scope"), r.PathValue("key")); err != nil {
+			http.Error(w, "no record", http.StatusInternalServerError)
+			return
+		}
+		write(w)
+	})
 	return httptest.NewServer(mux), nil
 }
 

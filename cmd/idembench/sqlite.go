@@ -123,18 +123,18 @@ func newSQLiteBackend(dir string) *backend[*sql.Tx] {
 			}
 			dbs = append(dbs, db)
 		}
-		store, err := idem.New(idemsqlite.New(dbs[0]), nil)
+		store, err := idem.New(idemsqlite.New(dbs[0]), b.storeCfg)
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
-		readStore, err := idem.New(idemsqlite.New(dbs[1]), nil)
+		readStore, err := idem.New(idemsqlite.New(dbs[1]), b.storeCfg)
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
 		return &pools[*sql.Tx]{
-			store: store, readStore: readStore, admin: sqlAdmin{dbs[2]}, pkSelect: sqlPKSelect(dbs[1]),
+			store: store, readStore: readStore, admin: sqlAdmin{dbs[2]}, pkSelect: sqlPKSelect(dbs[1]), storePKSelect: sqlPKSelect(dbs[0]),
 			close: closeAll,
 		}, nil
 	}

@@ -10,9 +10,17 @@ import (
 	"github.com/idemstore/idem"
 )
 
-// openBodyStore opens the body store in dir, or in a new temporary
+// bodiesTable is the -bodies value that selects the table body store.
+const bodiesTable = "table"
+
+// openBodyStore opens the body store of -bodies: the dialect's table store
+// (idempotency_bodies, where a body commits with its order and record) for
+// "table", a DirBodyStore in dir otherwise, or in a new temporary
 // directory when dir is empty.
-func openBodyStore(dir string) (*idem.DirBodyStore, error) {
+func openBodyStore(dir string, table idem.BodyStore) (idem.BodyStore, error) {
+	if dir == bodiesTable {
+		return table, nil
+	}
 	if dir == "" {
 		var err error
 		if dir, err = os.MkdirTemp("", "orders-bodies-"); err != nil {

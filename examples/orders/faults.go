@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"os"
+
+	"github.com/idemstore/idem"
 )
 
 // Fault injection is a TEST AID for the fault suite (faults/), off unless
@@ -24,6 +27,9 @@ import (
 //	                      called yet
 //	during-provider-call  POST /payments, the provider has charged and
 //	                      answered, the service has not recorded the charge
+//	after-body-write      once the response's body object is written to the
+//	                      body store (a response over -inline-body-max),
+//	                      before the record naming it commits
 //
 // Nothing of this runs without the flag: the wrapper is not installed, and
 // the hooks in the handlers find no stage in the context. Never enable it in
@@ -37,6 +43,7 @@ const (
 	crashAfterCommit        = "after-commit"
 	crashBeforeProviderCall = "before-provider-call"
 	crashDuringProviderCall = "during-provider-call"
+	crashAfterBodyWrite     = "after-body-write"
 )
 
 // crashStageKey is the context key under which withFaultInjection passes
@@ -57,7 +64,7 @@ func withFaultInjection(next http.Handler) http.Handler {
 			crash()
 		case crashAfterCommit:
 			w = &crashOnWrite{ResponseWriter: w}
-		case crashAfterClaim, crashBeforeProviderCall, crashDuringProviderCall:
+		case crashAfterClaim, crashBeforeProviderCall, crashDuringProviderCall, crashAfterBodyWrite:
 		default:
 			writeError(w, r, http.StatusBadRequest, "fault_stage_unknown", "Unknown X-Fault-Crash stage.")
 			return
@@ -91,3 +98,38 @@ type crashOnWrite struct{ http.ResponseWriter }
 
 func (c *crashOnWrite) WriteHeader(int)           { crash() }
 func (c *crashOnWrite) Write([]byte) (int, error) { crash(); return 0, nil }
+
+// crashAfterPut wraps the body store so that a request that asked for it
+// (X-Fault-Crash: after-body-write) kills the process once its response's
+// body object is written, before the record that names it commits: in a
+// DirBodyStore the object is durable and becomes an orphan; in a table
+// store it is uncommitted rows of the transaction, which die with it.
+func crashAfterPut[TTx any](bs idem.BodyStore) idem.BodyStore {
+	if ts, ok := bs.(idem.TxBodyStore[TTx]); ok {
+		return crashingTxBodies[TTx]{crashingBodies: crashingBodies{bs}, tx: ts}
+	}
+	return crashingBodies{bs}
+}
+
+type crashingBodies struct{ idem.BodyStore }
+
+func (c crashingBodies) Put(ctx context.Context, name string, r io.Reader) (string, error) {
+	addr, err := c.BodyStore.Put(ctx, name, r)
+	if err == nil {
+		crashAt(ctx, crashAfterBodyWrite)
+	}
+	return addr, err
+}
+
+type crashingTxBodies[TTx any] struct {
+	crashingBodies
+	tx idem.TxBodyStore[TTx]
+}
+
+func (c crashingTxBodies[TTx]) PutTx(ctx context.Context, tx TTx, name string, r io.Reader) (string, error) {
+	addr, err := c.tx.PutTx(ctx, tx, name, r)
+	if err == nil {
+		crashAt(ctx, crashAfterBodyWrite)
+	}
+	return addr, err
+}

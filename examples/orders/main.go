@@ -51,8 +51,9 @@
 //	                    -token-secret it gives.
 //	-fault-injection    TEST AID, off by default, never for production: a
 //	                    request with X-Fault-Crash: before-claim, after-claim,
-//	                    after-commit, before-provider-call or
-//	                    during-provider-call makes the process SIGKILL itself
+//	                    after-commit, before-provider-call,
+//	                    during-provider-call or after-body-write makes the
+//	                    process SIGKILL itself
 //	                    at that stage (see faults.go).
 //
 // Try it with curl while it serves:
@@ -137,7 +138,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.providerURL, "provider-url", "", "base URL of an outside payment provider for POST /payments (POST /charges, POST /charges/lookup);\nempty: a fake provider in this process's memory, which forgets its charges when the process dies")
 	fs.StringVar(&o.tokenSecret, "token-secret", os.Getenv("ORDERS_TOKEN_SECRET"), "the secret that signs bearer tokens (default $ORDERS_TOKEN_SECRET; empty: random, printed tokens last as long as the process)")
 	fs.BoolVar(&o.faultInjection, "fault-injection", false, "TEST AID, never in production: honour the X-Fault-Crash request header, which kills the process (SIGKILL) at a chosen stage")
-	fs.StringVar(&o.bodyDir, "bodies", "", "directory of the body store (idem.DirBodyStore) holding response bodies over -inline-body-max, such as POST /exports' CSV;\nempty: a new temporary directory")
+	fs.StringVar(&o.bodyDir, "bodies", "", "directory of the body store (idem.DirBodyStore) holding response bodies over -inline-body-max, such as POST /exports' CSV;\n\"table\": the database's idempotency_bodies table (NewTableBodyStore), where a body commits with its record; empty: a new temporary directory")
 	fs.IntVar(&o.inlineBodyMax, "inline-body-max", idem.DefaultInlineBodyMax, "largest response body stored in the record; larger ones go to the body store (idem.Config.InlineBodyMax)")
 	fs.BoolVar(&o.demo, "demo", false, "serve on a random local port, play a scripted client against it, print a table, and exit;\n-wait-timeout defaults to 300ms (1s on MySQL), -handler-delay to 500ms more, -provider-delay to 500ms")
 	if err := fs.Parse(args); err != nil {

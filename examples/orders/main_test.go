@@ -538,3 +538,50 @@ func TestExportStoredByReference(t *testing.T) {
 	_, csv3 := do("/exports", "export-key-0002", `{}`)
 	require.Equal(t, 5, strings.Count(string(csv3), "\n"))
 }
+
+// TestExportInTableBodyStore: with -bodies table, POST /exports' CSV is
+// kept in the database's idempotency_bodies table, committed with its
+// record, and a retry replays it byte for byte.
+func TestExportInTableBodyStore(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "orders.db")
+	db, err := openDatabase(ctx, path, "")
+	require.NoError(t, err)
+	t.Cleanup(db.close)
+	o, err := parseFlags([]string{"-bodies", "table", "-inline-body-max", "100"}, io.Discard)
+	require.NoError(t, err)
+	svc, err := db.service(ctx, o, nil)
+	require.NoError(t, err)
+	srv := httptest.NewServer(svc.handler)
+	t.Cleanup(srv.Close)
+	do := func(path, key, body string) (*http.Response, []byte) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, "POST", srv.URL+path, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+svc.token("acme"))
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, b
+	}
+	for i := range 3 {
+		resp, _ := do("/orders", "table-order-"+strconv.Itoa(i), `{"sku":"tea","qty":2,"amount_cents":900}`)
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+	}
+	first, csv1 := do("/exports", "table-export-1", `{}`)
+	require.Equal(t, http.StatusCreated, first.StatusCode, string(csv1))
+	again, csv2 := do("/exports", "table-export-1", `{}`)
+	require.Equal(t, "true", again.Header.Get("Idempotency-Replayed"))
+	require.Equal(t, csv1, csv2)
+
+	check, err := idemsqlite.Open(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = check.Close() })
+	var objects int
+	require.NoError(t, check.QueryRowContext(ctx, `SELECT count(*) FROM idempotency_bodies WHERE seq = 0`).Scan(&objects))
+	require.Equal(t, 4, objects, "the CSV and the three orders' 201s (over 100 bytes) are in the table")
+}
