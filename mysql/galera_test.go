@@ -774,11 +774,14 @@ func galeraRecoverPosition(t *testing.T, dir, node string) string {
 	t.Helper()
 	logFile := filepath.Join(dir, node, "recover.log")
 	_ = os.Remove(logFile)
-	out, err := exec.Command("/usr/sbin/mariadbd", "--defaults-file="+filepath.Join(dir, node, "my.cnf"),
+	// Its exit status is not checked: after printing the position it may
+	// stop on a table whose DDL the kill interrupted (an .frm of a test
+	// namespace being created or dropped), which the node's restart then
+	// repairs or receives again from the cluster.
+	out, _ := exec.Command("/usr/sbin/mariadbd", "--defaults-file="+filepath.Join(dir, node, "my.cnf"),
 		"--wsrep-recover", "--log-error="+logFile).CombinedOutput()
-	require.NoError(t, err, "mariadbd --wsrep-recover: %s", out)
 	log, err := os.ReadFile(logFile)
-	require.NoError(t, err)
+	require.NoError(t, err, "mariadbd --wsrep-recover: %s", out)
 	const marker = "WSREP: Recovered position: "
 	i := bytes.LastIndex(log, []byte(marker))
 	require.GreaterOrEqual(t, i, 0, "no recovered position in %s:\n%s", logFile, log)
