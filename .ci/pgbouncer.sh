@@ -43,7 +43,7 @@ MODES=simple_protocol,exec
 # The tests that need what a transaction pooler refuses (see their comments): left out with
 # go test -skip, so that they are not run here rather than counted as skipped; the direct run of
 # .ci/run covers them. Any skip in this run fails it.
-NOT_THROUGH_POOLER='TestCancelRequestWatcher|TestDoUnderStricterDefaultIsolation|TestReadOnlyServer'
+NOT_THROUGH_POOLER='TestCancelRequestWatcher|TestDoUnderStricterDefaultIsolation|TestReadOnlyServer|TestClaimDeferredSkipsOutsideReadCommitted'
 # The fault suite's scenarios run through the pooler (see above).
 FAULT_SCENARIOS='TestInstances|TestKill|TestSoak|TestWire'
 
