@@ -11,6 +11,12 @@
 //	cd cmd/idembench && GOWORK=off go run . -dialect all -workers 1,8,32,64 -duration 5s -reps 3
 //	cd cmd/idembench && GOWORK=off go run . -dialect postgres -shape small,order -rtt direct,0,200us,1ms -scenarios bare,do,tx,redis
 //	cd cmd/idembench && GOWORK=off go run . -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable' -scenarios bare,tx
+//	cd cmd/idembench && GOWORK=off go run . summarize /tmp/pg.json /tmp/mysql.json
+//
+// summarize reads the -json reports of earlier runs and prints the tables
+// of docs/performance.md: per dialect and worker count, median [min–max]
+// of the per-repetition ratios; issue 17's targets beside their floors;
+// the reaper.
 //
 // For every repetition, every -rtt setting, every worker count, every
 // business shape (-shape) and every scenario in turn, it runs the
@@ -151,6 +157,9 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "summarize" {
+		return summarize(args[1:], stdout)
+	}
 	cfg, err := parseFlags(args, stderr)
 	if err != nil {
 		return err

@@ -57,6 +57,9 @@ type row struct {
 	Note       string             `json:"note,omitempty"`
 	Extra      map[string]float64 `json:"extra,omitempty"`
 	PerRep     []float64          `json:"ops_per_s_per_rep"`
+	// ExtraPerRep is Extra for every repetition, in the order of PerRep
+	// (Extra itself is the last repetition's).
+	ExtraPerRep map[string][]float64 `json:"extra_per_rep,omitempty"`
 }
 
 func median(v []float64) float64 {
@@ -119,6 +122,14 @@ func (d *dialectResult) summarise() {
 			PerRep: ops, Note: ss[len(ss)-1].note, Extra: ss[len(ss)-1].extra,
 		}
 		r.Spread = (slices.Max(ops) - slices.Min(ops)) / r.OpsPerSec
+		for _, s := range ss {
+			for name, v := range s.extra {
+				if r.ExtraPerRep == nil {
+					r.ExtraPerRep = make(map[string][]float64)
+				}
+				r.ExtraPerRep[name] = append(r.ExtraPerRep[name], v)
+			}
+		}
 		if k.scenario != "bare" && k.shape != "" {
 			r.VsBare = ratio(ss, d.samples[sampleKey{k.rtt, k.shape, "bare", k.workers}])
 		}
