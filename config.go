@@ -127,6 +127,13 @@ type Config struct {
 	// (see [ReplayRead]). Defaults to ReplayReadAuto: while at least half
 	// of the recent answers were replays.
 	ReplayRead ReplayRead
+
+	// ReplayCache, when set, keeps the responses this Store completed or
+	// replayed in memory for a while, so that [Store.Do] answers a replay
+	// of the same fingerprint without reaching the database (see
+	// [ReplayCacheConfig] for its bounds and what it cannot see).
+	// Defaults to nil: off, every replay reads the database.
+	ReplayCache *ReplayCacheConfig
 }
 
 const (
@@ -171,6 +178,9 @@ func (c *Config) withDefaults() Config {
 	if out.InlineBodyMax == 0 {
 		out.InlineBodyMax = min(DefaultInlineBodyMax, out.MaxResponseBytes)
 	}
+	if out.ReplayCache != nil {
+		out.ReplayCache = out.ReplayCache.withDefaults(out.Retention)
+	}
 	return out
 }
 
@@ -196,6 +206,8 @@ func (c *Config) validate() error {
 		return errors.New("idem: Config.ReplayRead is not a ReplayRead setting")
 	case c.StatusCheck != nil && c.BlindTakeover:
 		return errors.New("idem: Config.BlindTakeover and Config.StatusCheck exclude each other")
+	case c.ReplayCache != nil:
+		return c.ReplayCache.validate(c.Retention)
 	}
 	return nil
 }

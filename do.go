@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/idemstore/idem/internal/digest"
 )
@@ -19,6 +20,9 @@ type Result struct {
 	// Status is the stored record's status: StatusSucceeded, or
 	// StatusFailed for a failure stored as final (see [FinalFailure]).
 	Status Status
+
+	// replayed is the record a replay answered from, for the replay cache.
+	replayed *Record
 }
 
 // FinalFailureError carries a response that [Store.Do] stores as a final
@@ -82,13 +86,24 @@ func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, 
 	if fn == nil {
 		return nil, errors.New("idem: Do needs a callback")
 	}
+	// Taken before anything is read, so that a fill from what this call
+	// reads or completes loses to a Delete that ran meanwhile, and its
+	// entry's deadline is counted from before the record was completed.
+	gen, began := s.cache.gen(), time.Now()
+	if res := s.replayCached(ctx, scope, key, fp, began); res != nil {
+		return res, nil
+	}
 	if res := s.replayFirst(ctx, scope, key, fp); res != nil {
+		s.cacheAnswer(scope, key, fp, res, gen, began)
 		return res, nil
 	}
 	for try := 0; ; try++ {
 		res, err := s.doOnce(ctx, scope, key, fp, fn)
 		if err == nil || !errors.Is(err, ErrRetryable) || try >= s.cfg.MaxTxRetries || ctx.Err() != nil {
 			s.noteDo(res, err)
+			if err == nil {
+				s.cacheAnswer(scope, key, fp, res, gen, began)
+			}
 			return res, err
 		}
 		s.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "idem: retrying transaction",
@@ -211,7 +226,7 @@ func doAnswer(c *Claim, err error) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Result{Response: c.Replay.Response, Replayed: true, Status: c.Replay.Status}, nil
+	return &Result{Response: c.Replay.Response, Replayed: true, Status: c.Replay.Status, replayed: c.Replay}, nil
 }
 
 // runFn runs fn in tx and says what to store: fn's response as a success,

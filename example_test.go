@@ -292,3 +292,37 @@ func ExampleReaper() {
 	// Output:
 	// deleted 3 expired records
 }
+
+// ExampleReplayCacheConfig turns on the in-process replay cache: the retry
+// is answered from memory, without a round trip to the database.
+func ExampleReplayCacheConfig() {
+	db, cleanup := openExampleDB()
+	defer cleanup()
+	ctx := context.Background()
+
+	store, err := idem.New(idemsqlite.New(db), &idem.Config{
+		ReplayCache: &idem.ReplayCacheConfig{MaxEntries: 50_000, MaxAge: 30 * time.Second},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fp := idem.NewFingerprint([]byte(`{"amount": 4200}`))
+	createOrder := func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (amount) VALUES (?)`, 4200); err != nil {
+			return nil, err
+		}
+		return &idem.Response{StatusCode: 201, Body: []byte(`{"status": "created"}`)}, nil
+	}
+	if _, err := store.Do(ctx, "tenant-42/create-order", "key-cache-1", fp, createOrder); err != nil {
+		log.Fatal(err)
+	}
+	_ = db.Close() // the retry below does not need the database
+
+	res, err := store.Do(ctx, "tenant-42/create-order", "key-cache-1", fp, createOrder)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(res.Response.StatusCode, string(res.Response.Body), "replayed:", res.Replayed)
+	// Output:
+	// 201 {"status": "created"} replayed: true
+}

@@ -275,6 +275,9 @@ func (s *Store[TTx]) Delete(ctx context.Context, scope, key string, opts *Delete
 	}
 	kd := digest.Key(scope, key)
 	n, err := op.Delete(ctx, &DeleteParams{Scope: scope, Key: key, Token: o.Token, Force: o.Force, Limit: 1, Now: s.now()})
+	// After the delete, whatever its outcome: a Do that read the record
+	// before it presents an older generation and its fill is dropped.
+	s.cache.forget(scope, key, false)
 	if err != nil {
 		return fmt.Errorf("idem: delete key %s: %w", kd, err)
 	}
@@ -316,6 +319,7 @@ func (s *Store[TTx]) PurgeScope(ctx context.Context, scope string, opts *DeleteO
 		return 0, err
 	}
 	total := 0
+	defer s.cache.forget(scope, "", true) // see Delete
 	for {
 		n, err := op.Delete(ctx, &DeleteParams{Scope: scope, WholeScope: true, Force: force, Limit: purgeBatch, Now: s.now()})
 		total += n

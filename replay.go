@@ -38,14 +38,15 @@ const (
 
 // ReplayReader is implemented, optionally, by an [Executor] that can read
 // what a replay needs more cheaply than Get: the dialects of this module
-// select only the five columns a replay answers from. [Store.Do]'s first
+// select only the six columns a replay answers from. [Store.Do]'s first
 // read uses it on Dialect.DB when present, and Executor.Get otherwise.
 type ReplayReader interface {
 	// GetCompleted returns the record for (Scope, Key) with a non-locking
 	// read, only when it is completed (StatusSucceeded or StatusFailed)
 	// and its ExpiresAt is after now; otherwise [ErrNotFound]. Only Scope,
-	// Key, Fingerprint, Status and Response are filled in; the rest is
-	// zero. A stored value that cannot be decoded is [ErrCorruptRecord],
+	// Key, Fingerprint, Status, Response and ExpiresAt are filled in; the
+	// rest is zero (an Executor of another module may leave ExpiresAt zero
+	// too: the replay cache then does not keep what it read). A stored value that cannot be decoded is [ErrCorruptRecord],
 	// as in Get.
 	GetCompleted(ctx context.Context, p *GetParams) (*Record, error)
 }
@@ -165,7 +166,51 @@ func (s *Store[TTx]) replayFirst(ctx context.Context, scope, key string, fp Fing
 		s.observeClaim(ctx, start, scope, key, &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, nil)
 	}
 	s.replays.note(answerReplayed)
+	return &Result{Response: rec.Response, Replayed: true, Status: rec.Status, replayed: rec}
+}
+
+// replayCached answers Do from the replay cache when it holds a live
+// response of (scope, key) for fp, and returns nil otherwise.
+func (s *Store[TTx]) replayCached(ctx context.Context, scope, key string, fp Fingerprint, now time.Time) *Result {
+	rec := s.cache.get(scope, key, fp, now)
+	if rec == nil {
+		return nil
+	}
+	s.logKey(ctx, scope, key, "replay")
+	if s.cfg.Observer != nil {
+		s.observeClaim(ctx, now, scope, key, &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, nil)
+	}
+	s.replays.note(answerReplayed)
 	return &Result{Response: rec.Response, Replayed: true, Status: rec.Status}
+}
+
+// cacheAnswer fills the replay cache from a Do that answered res. A
+// completion is cached for MaxAge from began, which is before the record's
+// completion time, so the entry ends before the record's retention
+// deadline. A replay is cached only when its read returned the record's
+// deadline, and never beyond it.
+func (s *Store[TTx]) cacheAnswer(scope, key string, fp Fingerprint, res *Result, gen uint64, began time.Time) {
+	if s.cache == nil || res == nil {
+		return
+	}
+	deadline := began.Add(s.cache.cfg.MaxAge)
+	rec := res.replayed
+	if res.Replayed {
+		if rec == nil || rec.ExpiresAt.IsZero() {
+			return
+		}
+		deadline = minTime(deadline, rec.ExpiresAt)
+	} else {
+		rec = &Record{Scope: scope, Key: key, Fingerprint: fp, Status: res.Status, Response: res.Response}
+	}
+	s.cache.put(rec, gen, deadline, time.Now())
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // readCompleted is the read of replayFirst: GetCompleted when the pool's

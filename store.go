@@ -28,6 +28,9 @@ type Store[TTx any] struct {
 	cfg     Config
 	// replays decides, with Config.ReplayRead, whether Do reads first (replay.go).
 	replays replayGate
+	// cache holds completed responses when Config.ReplayCache is set; nil
+	// (every method a no-op) otherwise.
+	cache *replayCache
 }
 
 // New returns a Store over dialect, such as postgres.New(pool). It performs
@@ -40,7 +43,11 @@ func New[TTx any](dialect Dialect[TTx], cfg *Config) (*Store[TTx], error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Store[TTx]{dialect: dialect, cfg: c}, nil
+	s := &Store[TTx]{dialect: dialect, cfg: c}
+	if c.ReplayCache != nil {
+		s.cache = newReplayCache(c.ReplayCache)
+	}
+	return s, nil
 }
 
 // Dialect returns the store's dialect, whose Begin, Commit and Rollback

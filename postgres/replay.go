@@ -2,12 +2,13 @@ package postgres
 
 import (
 	"context"
+	"time"
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/replayrow"
 )
 
-// getCompleted reads what a replay answers from: five columns of a live
+// getCompleted reads what a replay answers from: six columns of a live
 // record, by primary key, without a lock. A processing record is read too
 // and refused in Go (replayrow.Decode), which keeps the WHERE clause get's.
 const getCompleted = `SELECT ` + replayrow.Columns + `
@@ -23,9 +24,10 @@ func (e *executor) GetCompleted(ctx context.Context, p *idem.GetParams) (*idem.R
 		fingerprint, header, body []byte
 		status                    int16
 		code                      *int32
+		expiresAt                 time.Time
 	)
 	err := e.db.QueryRow(ctx, e.st.getCompleted, p.Scope, p.Key, pinnedNow(p.Now)).
-		Scan(&fingerprint, &status, &code, &header, &body)
+		Scan(&fingerprint, &status, &code, &header, &body, &expiresAt)
 	if err != nil {
 		return nil, interpretError(ctx, err)
 	}
@@ -33,5 +35,5 @@ func (e *executor) GetCompleted(ctx context.Context, p *idem.GetParams) (*idem.R
 	if code != nil {
 		c = int(*code)
 	}
-	return replayrow.Decode(p.Scope, p.Key, fingerprint, idem.Status(status), c, header, body)
+	return replayrow.Decode(p.Scope, p.Key, fingerprint, idem.Status(status), c, header, body, expiresAt)
 }

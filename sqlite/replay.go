@@ -8,7 +8,7 @@ import (
 	"github.com/idemstore/idem/internal/replayrow"
 )
 
-// getCompletedSelect reads what a replay answers from: five columns of a
+// getCompletedSelect reads what a replay answers from: six columns of a
 // live record, by primary key. A processing record is read too and refused
 // in Go (replayrow.Decode).
 const getCompletedSelect = `SELECT ` + replayrow.Columns + `
@@ -24,6 +24,7 @@ func (e *executor) GetCompleted(ctx context.Context, p *idem.GetParams) (*idem.R
 		fingerprint, header, body []byte
 		status                    int64
 		code                      sql.NullInt64
+		expires                   int64
 	)
 	args := []any{p.Scope, p.Key, micros(clock(p.Now))}
 	var row *sql.Row
@@ -32,11 +33,11 @@ func (e *executor) GetCompleted(ctx context.Context, p *idem.GetParams) (*idem.R
 	} else {
 		row = e.h.QueryRowContext(ctx, getCompletedSelect, args...)
 	}
-	if err := row.Scan(&fingerprint, &status, &code, &header, &body); err != nil {
+	if err := row.Scan(&fingerprint, &status, &code, &header, &body, &expires); err != nil {
 		return nil, interpretError(err)
 	}
 	//nolint:gosec // the schema's CHECK (status IN (1, 2, 3)) keeps it in range
-	return replayrow.Decode(p.Scope, p.Key, fingerprint, idem.Status(status), int(code.Int64), header, body)
+	return replayrow.Decode(p.Scope, p.Key, fingerprint, idem.Status(status), int(code.Int64), header, body, fromMicros(expires))
 }
 
 // preparedGetCompleted returns the pool's prepared statement, or nil in a

@@ -55,6 +55,7 @@
 //	separate  Store.Claim committed first, then BEGIN; the shape; CompleteTx; COMMIT
 //	leased    Store.Acquire, then BEGIN; the shape; Lease.CompleteTx; COMMIT
 //	replay    Store.Do on a completed key (the stored response comes back)
+//	cachedreplay  replay through a Store with Config.ReplayCache (warmed up on the seeds)
 //	get       Store.Get of a completed key
 //	pkselect  a plain primary-key SELECT of the same rows: the baseline of replay and get
 //	hotkeys   -hot-workers workers on -hot-keys keys at a time, through Store.Do:
@@ -110,7 +111,7 @@ const (
 )
 
 var allScenarios = []string{
-	"bare", "tx", "do", "separate", "leased", "replay", "get", "pkselect",
+	"bare", "tx", "do", "separate", "leased", "replay", "cachedreplay", "get", "pkselect",
 	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http", "httppk", "httpreplay",
 }
 

@@ -36,7 +36,8 @@ func (a pgAdmin) queryInt(ctx context.Context, q string, args ...any) (int64, er
 	return n, err
 }
 
-const pgSelect = `SELECT status, fingerprint, response_status, response_headers, response_body
+// pgSelect reads the six columns a replay reads (replayrow.Columns).
+const pgSelect = `SELECT status, fingerprint, response_status, response_headers, response_body, expires_at
 FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
 
 // pgStatements: the namespace is a schema, reached through search_path.
@@ -140,8 +141,9 @@ func newPGBackend(ctx context.Context, url string) (*backend[pgx.Tx], error) {
 				status       int16
 				fp, hdr, bdy []byte
 				code         int32
+				expires      time.Time
 			)
-			return pool.QueryRow(ctx, pgSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
+			return pool.QueryRow(ctx, pgSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy, &expires)
 		}
 		return &pools[pgx.Tx]{
 			store: store, readStore: store, admin: pgAdmin{adm},

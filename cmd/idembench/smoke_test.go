@@ -65,7 +65,7 @@ func TestSmoke(t *testing.T) {
 		case "reaper":
 			require.Positive(t, r.Extra["reaper_rows"])
 			require.Equal(t, "tx", r.Base)
-		case "replay", "get":
+		case "replay", "cachedreplay", "get":
 			require.Empty(t, r.Shape)
 			require.Equal(t, "pkselect", r.Base)
 			require.Positive(t, r.VsBase, r.Scenario)
@@ -85,7 +85,7 @@ func TestSmoke(t *testing.T) {
 		}
 		require.Contains(t, stdout.String(), " "+r.Scenario+" ")
 	}
-	reads := []string{"replay", "get", "pkselect"}
+	reads := []string{"replay", "cachedreplay", "get", "pkselect"}
 	writes := slices.DeleteFunc(slices.Clone(scenarios), func(s string) bool { return slices.Contains(reads, s) })
 	for _, rtt := range []string{"direct", "proxy0"} {
 		require.ElementsMatch(t, reads, names[rtt+" "], rtt)

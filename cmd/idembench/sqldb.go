@@ -27,8 +27,9 @@ func (a sqlAdmin) queryInt(ctx context.Context, q string, args ...any) (int64, e
 	return n, err
 }
 
-// sqlSelect is the replay baseline on MySQL and SQLite.
-const sqlSelect = `SELECT status, fingerprint, response_status, response_headers, response_body
+// sqlSelect is the replay baseline on MySQL and SQLite: the six columns a
+// replay reads (replayrow.Columns).
+const sqlSelect = `SELECT status, fingerprint, response_status, response_headers, response_body, expires_at
 FROM idempotency_keys WHERE scope = ? AND idempotency_key = ?`
 
 // sqlPKSelect returns the replay baseline on db.
@@ -38,8 +39,9 @@ func sqlPKSelect(db *sql.DB) func(ctx context.Context, scope, key string) error 
 			status       int16
 			fp, hdr, bdy []byte
 			code         int32
+			expires      any
 		)
-		return db.QueryRowContext(ctx, sqlSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy)
+		return db.QueryRowContext(ctx, sqlSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy, &expires)
 	}
 }
 

@@ -211,6 +211,8 @@ var goals = []goal{
 		value: over("tx", "do"), floor: over("floortx", "do"), least: 0.95},
 	{name: "Do replay ≥ 0.9× PK SELECT", dialects: allDialects, rtts: []string{"direct"}, shapes: []string{""},
 		value: over("replay", "pkselect"), least: 0.9},
+	{name: "optional: cached replay ≥ 2× PK SELECT (Config.ReplayCache)", dialects: allDialects, rtts: []string{"direct"}, shapes: []string{""},
+		value: over("cachedreplay", "pkselect"), least: 2},
 	{name: "middleware replay ≥ 0.9× PK SELECT (httpreplay ÷ httppk)", dialects: allDialects, rtts: []string{"direct"}, shapes: bothShapes,
 		value: over("httpreplay", "httppk"), least: 0.9},
 	{name: "MariaDB Do ≥ 0.55× bare", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"small"},

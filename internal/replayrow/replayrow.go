@@ -4,24 +4,25 @@ package replayrow
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/codec"
 )
 
 // Query's column list, in the order Decode takes them.
-const Columns = `fingerprint, status, response_status, response_headers, response_body`
+const Columns = `fingerprint, status, response_status, response_headers, response_body, expires_at`
 
-// Decode returns the record of (scope, key) read from the five columns:
+// Decode returns the record of (scope, key) read from the six columns:
 // idem.ErrNotFound when it is processing (GetCompleted answers only
 // completed records), an *idem.CorruptRecordError when a value cannot be
 // decoded. code is the response status, 0 for NULL (left for the Store's
 // validation to refuse, as on Get).
-func Decode(scope, key string, fingerprint []byte, status idem.Status, code int, header, body []byte) (*idem.Record, error) {
+func Decode(scope, key string, fingerprint []byte, status idem.Status, code int, header, body []byte, expiresAt time.Time) (*idem.Record, error) {
 	if !status.Final() {
 		return nil, idem.ErrNotFound
 	}
-	rec := &idem.Record{Scope: scope, Key: key, Status: status}
+	rec := &idem.Record{Scope: scope, Key: key, Status: status, ExpiresAt: expiresAt.UTC()}
 	if len(fingerprint) != len(rec.Fingerprint) {
 		return nil, &idem.CorruptRecordError{Reason: fmt.Sprintf("its fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))}
 	}
