@@ -86,7 +86,8 @@ var errFloorKeyFound = errors.New("floor: fresh key found")
 // floorRunner runs the floor scenarios on one pool.
 type floorRunner[TTx any] struct {
 	// do is floor's operation: BEGIN; the read; the shape (insert); the
-	// finished record's INSERT; COMMIT, in as many round trips as Do.
+	// finished record's INSERT; COMMIT, in as many round trips as Do (nil
+	// when the runner was opened for floortx).
 	do func(ctx context.Context, insert func(context.Context, TTx, string) error, scope string) error
 	// tx is floortx's: the same in a transaction begun as a caller begins
 	// one, each statement sent alone.
@@ -116,29 +117,25 @@ func floorTxOp[TTx any](s *idem.Store[TTx], read func(ctx context.Context, tx TT
 // floorScenarios returns floor and floortx of shape; each opens its runner
 // on the main pools for its measurement.
 func (l *level[TTx]) floorScenarios(insert func(context.Context, TTx, string) error) []*scenario {
-	mk := func(name string, pick func(*floorRunner[TTx]) func(context.Context, func(context.Context, TTx, string) error, string) error) *scenario {
+	mk := func(name string, callerTx bool) *scenario {
 		var run func(context.Context, func(context.Context, TTx, string) error, string) error
 		return &scenario{
 			name: name, writes: writesFloor,
 			setup: func(ctx context.Context) (func(), error) {
-				fr, err := l.p.openFloor(ctx)
+				fr, err := l.p.openFloor(ctx, callerTx)
 				if err != nil {
 					return nil, fmt.Errorf("open floor: %w", err)
 				}
-				run = pick(fr)
+				run = fr.do
+				if callerTx {
+					run = fr.tx
+				}
 				return fr.close, nil
 			},
 			op: func(ctx context.Context, _ int) error { return run(ctx, insert, randomScope()) },
 		}
 	}
-	return []*scenario{
-		mk("floor", func(fr *floorRunner[TTx]) func(context.Context, func(context.Context, TTx, string) error, string) error {
-			return fr.do
-		}),
-		mk("floortx", func(fr *floorRunner[TTx]) func(context.Context, func(context.Context, TTx, string) error, string) error {
-			return fr.tx
-		}),
-	}
+	return []*scenario{mk("floor", false), mk("floortx", true)}
 }
 
 // checkFloor is the floor scenarios' part of the exactly-once check: as

@@ -56,9 +56,9 @@ func mysqlFloorScan(row *sql.Row) error {
 }
 
 // mysqlFloor runs the floor scenarios: floortx on s (the measured pool),
-// floor on fdb, a pool opened through floorConnector, whose transactions
-// begin with their first statement and commit with a statement of the
-// caller's, as idemmysql.NewConnector's do for Do.
+// floor on fdb (nil: floortx only), a pool opened through floorConnector,
+// whose transactions begin with their first statement and commit with a
+// statement of the caller's, as idemmysql.NewConnector's do for Do.
 func mysqlFloor(s *idem.Store[*sql.Tx], fdb *sql.DB) *floorRunner[*sql.Tx] {
 	do := func(ctx context.Context, insert func(context.Context, *sql.Tx, string) error, scope string) error {
 		r := newFloorRow(scope, workload.NewKey())
@@ -88,7 +88,10 @@ func mysqlFloor(s *idem.Store[*sql.Tx], fdb *sql.DB) *floorRunner[*sql.Tx] {
 			_, err := tx.ExecContext(ctx, mysqlFloorInsert, r.args()...)
 			return err
 		})
-	return &floorRunner[*sql.Tx]{do: do, tx: tx, close: func() { _ = fdb.Close() }}
+	if fdb == nil {
+		do = nil
+	}
+	return &floorRunner[*sql.Tx]{do: do, tx: tx, close: func() {}}
 }
 
 // Context keys of floorConn.

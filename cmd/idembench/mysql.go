@@ -142,14 +142,30 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 		}
 		return &pools[*sql.Tx]{
 			store: store, readStore: store, admin: sqlAdmin{adm}, pkSelect: sqlPKSelect(db), storePKSelect: sqlPKSelect(db),
-			// floor's own pool, as many connections as the measured one,
-			// behind the same proxy, open for its measurements only.
-			openFloor: func(ctx context.Context) (*floorRunner[*sql.Tx], error) {
+			// floortx runs on the measured pool. floor on a pool of its
+			// own, as many connections, behind the same proxy, open for
+			// its measurements only; the measured pool's idle connections
+			// close meanwhile, so that the two never need twice the
+			// workers' connections of max_connections (151 by default),
+			// and open again after.
+			openFloor: func(ctx context.Context, callerTx bool) (*floorRunner[*sql.Tx], error) {
+				if callerTx {
+					return mysqlFloor(store, nil), nil
+				}
+				db.SetMaxIdleConns(0)
+				rewarm := func() {
+					// A failure leaves the connections to be opened on
+					// demand, by the warm-up of the next measurement.
+					_ = warm(context.WithoutCancel(ctx), db, conns)
+				}
 				fdb, err := mysqlDB(ctx, base, ns, conns, via, mysqlFloorPool)
 				if err != nil {
+					rewarm()
 					return nil, err
 				}
-				return mysqlFloor(store, fdb), nil
+				fr := mysqlFloor(store, fdb)
+				fr.close = func() { _ = fdb.Close(); rewarm() }
+				return fr, nil
 			},
 			close: func() { _ = db.Close(); _ = adm.Close() },
 		}, nil

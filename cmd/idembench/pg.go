@@ -253,7 +253,7 @@ func newPGBackend(ctx context.Context, url string) (*backend[pgx.Tx], error) {
 		return &pools[pgx.Tx]{
 			store: store, readStore: store, admin: pgAdmin{adm},
 			pkSelect: pkSelect, storePKSelect: pkSelect,
-			openFloor: func(context.Context) (*floorRunner[pgx.Tx], error) { return pgFloor(pool, store), nil },
+			openFloor: func(context.Context, bool) (*floorRunner[pgx.Tx], error) { return pgFloor(pool, store), nil },
 			close:     func() { pool.Close(); adm.Close() },
 		}, nil
 	}

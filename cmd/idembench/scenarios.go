@@ -63,8 +63,9 @@ type pools[TTx any] struct {
 	storePKSelect func(ctx context.Context, scope, key string) error
 	// admin runs the tool's own statements on the namespace.
 	admin admin
-	// openFloor opens the floor scenarios' runner on these pools.
-	openFloor func(ctx context.Context) (*floorRunner[TTx], error)
+	// openFloor opens the floor scenarios' runner on these pools, for
+	// floortx (callerTx) or floor.
+	openFloor func(ctx context.Context, callerTx bool) (*floorRunner[TTx], error)
 	close     func()
 }
 

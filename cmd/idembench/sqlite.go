@@ -140,8 +140,10 @@ func newSQLiteBackend(dir string) *backend[*sql.Tx] {
 		}
 		return &pools[*sql.Tx]{
 			store: store, readStore: readStore, admin: sqlAdmin{dbs[2]}, pkSelect: sqlPKSelect(dbs[1]), storePKSelect: sqlPKSelect(dbs[0]),
-			openFloor: func(ctx context.Context) (*floorRunner[*sql.Tx], error) { return sqliteFloor(ctx, store, dbs[0]) },
-			close:     closeAll,
+			openFloor: func(ctx context.Context, _ bool) (*floorRunner[*sql.Tx], error) {
+				return sqliteFloor(ctx, store, dbs[0])
+			},
+			close: closeAll,
 		}, nil
 	}
 	return b
