@@ -35,7 +35,8 @@
 // lines. Every writing measurement ends with an exactly-once check: orders
 // written = successful operations (warm-up and tail included), with their
 // lines and stock units, and completed idempotency records (or Redis keys
-// holding the response) = orders, none left pending.
+// holding the response, or finished rows of the floor scenarios' table) =
+// orders, none left pending.
 //
 // Latency (-rtt, comma-separated; default direct): "direct" reaches the
 // servers directly; a duration (0, 200us, 1ms) puts a TCP proxy of the
@@ -52,6 +53,16 @@
 //	bare      BEGIN; the shape's statements; COMMIT: the business transaction alone
 //	tx        BEGIN; Store.ClaimTx; the shape; Store.CompleteTx; COMMIT (fresh key)
 //	do        Store.Do with the shape in its callback (fresh key)
+//	floor     what no design of Store.Do can do without for a fresh key, without idem's
+//	          code: BEGIN; a primary-key read of a record-shaped row; the shape; the
+//	          INSERT of a finished record; COMMIT, in Do's round trips (PostgreSQL: BEGIN
+//	          and the read in one batch, the INSERT and COMMIT in another; MariaDB: the
+//	          same in compound statements, through a connector of the tool's like
+//	          idemmysql.NewConnector; SQLite: prepared statements). The rows go to
+//	          idembench_floor_records, a copy of the record table (columns, primary key,
+//	          indexes). A target of do ÷ bare above floor ÷ bare is out of reach
+//	floortx   the same as separate statements in a transaction begun as a caller's:
+//	          the floor of tx (ClaimTx + CompleteTx); on SQLite, floor's statements
 //	separate  Store.Claim committed first, then BEGIN; the shape; CompleteTx; COMMIT
 //	leased    Store.Acquire, then BEGIN; the shape; Lease.CompleteTx; COMMIT
 //	replay    Store.Do on a completed key (the stored response comes back)
@@ -111,7 +122,7 @@ const (
 )
 
 var allScenarios = []string{
-	"bare", "tx", "do", "separate", "leased", "replay", "cachedreplay", "get", "pkselect",
+	"bare", "tx", "do", "floor", "floortx", "separate", "leased", "replay", "cachedreplay", "get", "pkselect",
 	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http", "httppk", "httpreplay",
 }
 

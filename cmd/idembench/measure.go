@@ -18,6 +18,7 @@ const (
 	writesPlain                    // an order per operation, no idempotency record
 	writesIdem                     // an order and a completed record per operation
 	writesRedis                    // an order and a Redis key holding the response per operation
+	writesFloor                    // an order and a finished row of floorTable per operation
 )
 
 // scenario is one kind of operation the tool measures.

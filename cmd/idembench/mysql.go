@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -31,8 +32,9 @@ var mysqlStatements = statements{
 		`TRUNCATE TABLE idempotency_keys`,
 		`TRUNCATE TABLE order_lines`,
 		`TRUNCATE TABLE orders`,
+		`TRUNCATE TABLE ` + floorTable,
 		`INSERT INTO idempotency_keys (` + mysqlRecordColumns + `) SELECT ` + mysqlRecordColumns + ` FROM idembench_seed`,
-		`ANALYZE TABLE idempotency_keys, orders, order_lines, products`,
+		`ANALYZE TABLE idempotency_keys, orders, order_lines, products, ` + floorTable,
 	},
 	truncateOrders: []string{`TRUNCATE TABLE order_lines`, `TRUNCATE TABLE orders`},
 	// The template is copied into a table of its own first: an INSERT
@@ -61,6 +63,7 @@ var mysqlStatements = statements{
 	countCompleted: `SELECT COUNT(*) FROM idempotency_keys WHERE scope = ? AND status = 2`,
 	deleteScope:    `DELETE FROM idempotency_keys WHERE scope LIKE ?`,
 	analyze:        []string{`ANALYZE TABLE idempotency_keys`},
+	floorDone:      floorDoneWhere + ` AND key_digest IS NOT NULL`,
 }
 
 // newMySQLBackend returns the MySQL/MariaDB backend on the server of dsn;
@@ -70,7 +73,7 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 	if err != nil {
 		return nil, fmt.Errorf("mysql: %w", err)
 	}
-	server, err := mysqlDB(ctx, base, "", 2, "", true)
+	server, err := mysqlDB(ctx, base, "", 2, "", mysqlAdmin)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +104,7 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			}
 			// Migrate holds its lock on one connection and migrates on
 			// another: a pool of one would wait for itself forever.
-			db, err := mysqlDB(ctx, base, ns, 2, "", true)
+			db, err := mysqlDB(ctx, base, ns, 2, "", mysqlAdmin)
 			if err != nil {
 				return false, err
 			}
@@ -109,7 +112,7 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			if err := idemmysql.Migrate(ctx, db); err != nil {
 				return false, fmt.Errorf("migrate: %w", err)
 			}
-			for _, q := range workload.Tables(workload.MySQL) {
+			for _, q := range append(workload.Tables(workload.MySQL), mysqlFloorTable) {
 				if _, err := db.ExecContext(ctx, q); err != nil {
 					return false, err
 				}
@@ -122,11 +125,11 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 		},
 	}
 	b.open = func(ctx context.Context, ns string, conns int, via string) (*pools[*sql.Tx], error) {
-		db, err := mysqlDB(ctx, base, ns, conns, via, false)
+		db, err := mysqlDB(ctx, base, ns, conns, via, mysqlMeasured)
 		if err != nil {
 			return nil, err
 		}
-		adm, err := mysqlDB(ctx, base, ns, 1, "", true)
+		adm, err := mysqlDB(ctx, base, ns, 1, "", mysqlAdmin)
 		if err != nil {
 			_ = db.Close()
 			return nil, err
@@ -139,27 +142,61 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 		}
 		return &pools[*sql.Tx]{
 			store: store, readStore: store, admin: sqlAdmin{adm}, pkSelect: sqlPKSelect(db), storePKSelect: sqlPKSelect(db),
+			// floortx runs on the measured pool. floor on a pool of its
+			// own, as many connections, behind the same proxy, open for
+			// its measurements only; the measured pool's idle connections
+			// close meanwhile, so that the two never need twice the
+			// workers' connections of max_connections (151 by default),
+			// and open again after.
+			openFloor: func(ctx context.Context, callerTx bool) (*floorRunner[*sql.Tx], error) {
+				if callerTx {
+					return mysqlFloor(store, nil), nil
+				}
+				db.SetMaxIdleConns(0)
+				rewarm := func() {
+					// A failure leaves the connections to be opened on
+					// demand, by the warm-up of the next measurement.
+					_ = warm(context.WithoutCancel(ctx), db, conns)
+				}
+				fdb, err := mysqlDB(ctx, base, ns, conns, via, mysqlFloorPool)
+				if err != nil {
+					rewarm()
+					return nil, err
+				}
+				fr := mysqlFloor(store, fdb)
+				fr.close = func() { _ = fdb.Close(); rewarm() }
+				return fr, nil
+			},
 			close: func() { _ = db.Close(); _ = adm.Close() },
 		}, nil
 	}
 	return b, nil
 }
 
+// mysqlPool is the kind of pool mysqlDB opens.
+type mysqlPool int
+
+const (
+	mysqlMeasured  mysqlPool = iota // through idemmysql.NewConnector
+	mysqlAdmin                      // the driver's, without foreign key checks
+	mysqlFloorPool                  // through floorConnector
+)
+
 // mysqlDB opens a pool of conns connections on database name (none when
 // empty) with what idem needs (parseTime, UTC) and interpolateParams, as
 // BenchmarkIdem does: it saves a prepare round trip per statement. The
-// measured pools (not admin) go through idemmysql.NewConnector, as
-// docs/dialects.md recommends: Do's BEGIN travels with its claim and its
-// COMMIT with its completion; other transactions are the driver's. via,
-// when not empty, is the host:port to connect to instead of the server's
-// (the latency proxy). An admin pool's connections run without foreign
-// key checks, so that resets can truncate orders.
-func mysqlDB(ctx context.Context, base *gomysql.Config, name string, conns int, via string, admin bool) (*sql.DB, error) {
+// measured pools go through idemmysql.NewConnector, as docs/dialects.md
+// recommends: Do's BEGIN travels with its claim and its COMMIT with its
+// completion; other transactions are the driver's. via, when not empty,
+// is the host:port to connect to instead of the server's (the latency
+// proxy). An admin pool's connections run without foreign key checks, so
+// that resets can truncate orders.
+func mysqlDB(ctx context.Context, base *gomysql.Config, name string, conns int, via string, kind mysqlPool) (*sql.DB, error) {
 	cfg := base.Clone()
 	if via != "" {
 		cfg.Addr = via
 	}
-	if admin {
+	if kind == mysqlAdmin {
 		params := map[string]string{"foreign_key_checks": "0"}
 		for k, v := range base.Params {
 			params[k] = v
@@ -170,11 +207,18 @@ func mysqlDB(ctx context.Context, base *gomysql.Config, name string, conns int, 
 	cfg.ParseTime = true
 	cfg.Loc = time.UTC
 	cfg.InterpolateParams = true
-	newConnector := idemmysql.NewConnector
-	if admin {
-		newConnector = gomysql.NewConnector
+	var (
+		conn driver.Connector
+		err  error
+	)
+	switch kind {
+	case mysqlAdmin:
+		conn, err = gomysql.NewConnector(cfg)
+	case mysqlFloorPool:
+		conn, err = newFloorConnector(cfg)
+	default:
+		conn, err = idemmysql.NewConnector(cfg)
 	}
-	conn, err := newConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("mysql: %w", err)
 	}

@@ -44,11 +44,11 @@ FROM idempotency_keys WHERE scope = $1 AND idempotency_key = $2`
 var pgStatements = statements{
 	snapshot: `CREATE TABLE idembench_seed AS SELECT * FROM idempotency_keys`,
 	reset: []string{
-		`TRUNCATE idempotency_keys, orders, order_lines`,
+		`TRUNCATE idempotency_keys, orders, order_lines, ` + floorTable,
 		`INSERT INTO idempotency_keys SELECT * FROM idembench_seed`,
 		// The order shape's stock updates leave dead row versions.
 		`VACUUM ANALYZE products`,
-		`ANALYZE idempotency_keys, orders, order_lines`,
+		`ANALYZE idempotency_keys, orders, order_lines, ` + floorTable,
 	},
 	truncateOrders: []string{`TRUNCATE orders, order_lines`},
 	// generate_series makes the rows in the server, in one statement per
@@ -68,6 +68,113 @@ var pgStatements = statements{
 	countCompleted: `SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND status = 2`,
 	deleteScope:    `DELETE FROM idempotency_keys WHERE scope LIKE $1`,
 	analyze:        []string{`VACUUM ANALYZE idempotency_keys`},
+	floorDone:      floorDoneWhere,
+}
+
+// pgFloorTable copies idempotency_keys' columns, constraints and indexes
+// (the key digest's expression index and the partial index included).
+const pgFloorTable = `CREATE TABLE ` + floorTable + ` (LIKE idempotency_keys INCLUDING ALL)`
+
+// The floor scenarios' statements: the claim's primary-key read and the
+// finished record's INSERT, with values from Go.
+const (
+	pgFloorRead = `SELECT ` + floorRecordColumns + `
+FROM ` + floorTable + `
+WHERE scope = $1 AND idempotency_key = $2`
+	pgFloorInsert = `INSERT INTO ` + floorTable + ` (` + floorRecordColumns + `)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`
+)
+
+// pgFloorScan scans a row of pgFloorRead, for a fresh key none: nil then.
+func pgFloorScan(row pgx.Row) error {
+	var (
+		scope, key                       string
+		fp, hdr, body                    []byte
+		status                           int16
+		token                            int64
+		attempt                          int32
+		code                             *int32
+		lease, created, updated, expires time.Time
+		completed                        *time.Time
+	)
+	err := row.Scan(&scope, &key, &fp, &status, &token, &attempt, &lease, &code, &hdr, &body, &created, &updated, &completed, &expires)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err == nil:
+		return errFloorKeyFound
+	}
+	return fmt.Errorf("floor: read: %w", err)
+}
+
+// pgFloor runs the floor scenarios on pool, whose Store is s. floor sends
+// what Do sends for a fresh key: BEGIN and the read in one batch (Do's
+// BEGIN and deferred claim), the shape, then the INSERT and COMMIT in one
+// batch (Do's completion).
+func pgFloor(pool *pgxpool.Pool, s *idem.Store[pgx.Tx]) *floorRunner[pgx.Tx] {
+	do := func(ctx context.Context, insert func(context.Context, pgx.Tx, string) error, scope string) (err error) {
+		r := newFloorRow(scope, workload.NewKey())
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("floor: acquire: %w", err)
+		}
+		defer conn.Release()
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		b.Queue(pgFloorRead, r.scope, r.key)
+		br := conn.Conn().SendBatch(ctx, b)
+		tx := br.Tx()
+		_, err = br.Exec()
+		if err == nil {
+			err = pgFloorScan(br.QueryRow())
+		}
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("floor: begin: %w", cerr)
+		}
+		committed := false
+		defer func() {
+			if !committed {
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+			}
+		}()
+		if err != nil {
+			return err
+		}
+		if err := insert(ctx, tx, scope); err != nil {
+			return err
+		}
+		b = &pgx.Batch{}
+		b.Queue(pgFloorInsert, r.args()...)
+		b.Queue("COMMIT")
+		br = tx.SendBatch(ctx, b)
+		_, err = br.Exec()
+		var tag pgconn.CommandTag
+		if err == nil {
+			tag, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil && tag.String() != "COMMIT" {
+			err = fmt.Errorf("floor: commit: %s", tag)
+		}
+		if err != nil {
+			return fmt.Errorf("floor: complete: %w", err)
+		}
+		// COMMIT ran on the server; pgx's transaction, which does not
+		// know it, is dropped, and the idle connection released.
+		committed = true
+		return nil
+	}
+	tx := floorTxOp(s,
+		func(ctx context.Context, tx pgx.Tx, r *floorRow) error {
+			return pgFloorScan(tx.QueryRow(ctx, pgFloorRead, r.scope, r.key))
+		},
+		func(ctx context.Context, tx pgx.Tx, r *floorRow) error {
+			_, err := tx.Exec(ctx, pgFloorInsert, r.args()...)
+			return err
+		})
+	return &floorRunner[pgx.Tx]{do: do, tx: tx, close: func() {}}
 }
 
 // newPGBackend returns the PostgreSQL backend on the server of url; each
@@ -108,7 +215,7 @@ func newPGBackend(ctx context.Context, url string) (*backend[pgx.Tx], error) {
 			if err := idempg.Migrate(ctx, p); err != nil {
 				return false, fmt.Errorf("migrate: %w", err)
 			}
-			for _, q := range workload.Tables(workload.Postgres) {
+			for _, q := range append(workload.Tables(workload.Postgres), pgFloorTable) {
 				if _, err := p.Exec(ctx, q); err != nil {
 					return false, err
 				}
@@ -148,7 +255,8 @@ func newPGBackend(ctx context.Context, url string) (*backend[pgx.Tx], error) {
 		return &pools[pgx.Tx]{
 			store: store, readStore: store, admin: pgAdmin{adm},
 			pkSelect: pkSelect, storePKSelect: pkSelect,
-			close: func() { pool.Close(); adm.Close() },
+			openFloor: func(context.Context, bool) (*floorRunner[pgx.Tx], error) { return pgFloor(pool, store), nil },
+			close:     func() { pool.Close(); adm.Close() },
 		}, nil
 	}
 	return b, nil

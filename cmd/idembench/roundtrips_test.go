@@ -13,13 +13,15 @@ import (
 	"github.com/idemstore/idem/internal/testdb"
 )
 
-// TestRoundTripsThroughTheProxy runs the bare transaction and Do of both
-// shapes on PostgreSQL and MariaDB through the proxy without delay: the
-// counted round trips per operation of the bare transaction must be the
-// statements the shapes send, BEGIN and COMMIT included (3 for small, 8 for
-// order), Do's the same (PostgreSQL's pgx batches; MariaDB's compound
-// statements of idemmysql.NewConnector carry BEGIN and COMMIT), and the
-// exactly-once check must pass on a real server.
+// TestRoundTripsThroughTheProxy runs the bare transaction, Do and the
+// floors of both shapes on PostgreSQL and MariaDB through the proxy without
+// delay: the counted round trips per operation of the bare transaction must
+// be the statements the shapes send, BEGIN and COMMIT included (3 for
+// small, 8 for order), Do's the same (PostgreSQL's pgx batches; MariaDB's
+// compound statements of idemmysql.NewConnector carry BEGIN and COMMIT),
+// floor's those of Do, measured in the same run, floortx's 2 more (the read
+// and the INSERT, each alone in a caller's transaction), and the
+// exactly-once checks must pass on a real server.
 func TestRoundTripsThroughTheProxy(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ name, db string }{
@@ -37,7 +39,7 @@ func TestRoundTripsThroughTheProxy(t *testing.T) {
 			jsonPath := filepath.Join(t.TempDir(), "out.json")
 			var stdout, stderr bytes.Buffer
 			err := run(t.Context(), []string{
-				"-db", tc.db, "-scenarios", "bare,do", "-workers", "1", "-warmup", "300ms", "-duration", "700ms", "-reps", "1",
+				"-db", tc.db, "-scenarios", "bare,do,floor,floortx", "-workers", "1", "-warmup", "300ms", "-duration", "700ms", "-reps", "1",
 				"-seeds", "10", "-rtt", "0", "-json", jsonPath,
 			}, &stdout, &stderr)
 			require.NoError(t, err, "stderr:\n%s", stderr.String())
@@ -48,10 +50,23 @@ func TestRoundTripsThroughTheProxy(t *testing.T) {
 			require.Len(t, rep.Dialects, 1)
 			rts := map[string]float64{"small": 3, "order": 8}
 			want := map[string]float64{}
-			for _, sc := range []string{"bare", "do"} {
+			for _, sc := range []string{"bare", "do", "floor"} {
 				for shape, n := range rts {
 					want[sc+"/"+shape] = n
 				}
+			}
+			for shape, n := range rts {
+				want["floortx/"+shape] = n + 2
+			}
+			rows := map[string]row{}
+			for _, r := range rep.Dialects[0].Rows {
+				rows[r.Scenario+"/"+r.Shape] = r
+			}
+			for shape, n := range rts {
+				do, floor := rows["do/"+shape], rows["floor/"+shape]
+				// Each may be off by one operation in flight (see below).
+				tol := 0.01 + n/(do.OpsPerSec*0.7) + n/(floor.OpsPerSec*0.7)
+				require.InDelta(t, do.RoundTrips, floor.RoundTrips, tol, "floor's round trips are Do's (%s)", shape)
 			}
 			for _, r := range rep.Dialects[0].Rows {
 				require.Equal(t, "proxy0", r.RTT)

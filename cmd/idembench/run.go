@@ -289,6 +289,9 @@ func checkWrites[TTx any](ctx context.Context, b *backend[TTx], a admin, sc *sce
 		keys = 0
 	}
 	errs := []error{workload.CheckWrites(sc.shape, before, after, orders, keys)}
+	if sc.writes == writesFloor {
+		errs = append(errs, checkFloor(ctx, b, a, orders))
+	}
 	if sc.writes == writesRedis {
 		done, pending, err := sc.redisKeys(ctx)
 		switch {

@@ -64,7 +64,10 @@ type pools[TTx any] struct {
 	storePKSelect func(ctx context.Context, scope, key string) error
 	// admin runs the tool's own statements on the namespace.
 	admin admin
-	close func()
+	// openFloor opens the floor scenarios' runner on these pools, for
+	// floortx (callerTx) or floor.
+	openFloor func(ctx context.Context, callerTx bool) (*floorRunner[TTx], error)
+	close     func()
 }
 
 // admin runs statements of the tool itself (resets, fills, counts),
@@ -97,6 +100,8 @@ type statements struct {
 	deleteScope    string
 	// analyze refreshes the planner statistics after a fill.
 	analyze []string
+	// floorDone is the WHERE clause of floorTable's finished rows.
+	floorDone string
 }
 
 // backend is one dialect's side of the tool: how to create, open and drop a
@@ -297,6 +302,7 @@ func (l *level[TTx]) scenarios(shape workload.Shape) []*scenario {
 			})
 		}},
 	}
+	all = append(all, l.floorScenarios(insert)...)
 	if l.cfg.wants("hotkeys") && l.hotTurn {
 		all = append(all, l.hotkeys(insert))
 	}

@@ -22,6 +22,7 @@ var sqliteStatements = statements{
 		`DELETE FROM idempotency_keys`,
 		`DELETE FROM order_lines`,
 		`DELETE FROM orders`,
+		`DELETE FROM ` + floorTable,
 		`INSERT INTO idempotency_keys SELECT * FROM idembench_seed`,
 		`PRAGMA wal_checkpoint(TRUNCATE)`,
 	},
@@ -45,6 +46,7 @@ var sqliteStatements = statements{
 	countCompleted: `SELECT COUNT(*) FROM idempotency_keys WHERE scope = ? AND status = 2`,
 	deleteScope:    `DELETE FROM idempotency_keys WHERE scope LIKE ?`,
 	analyze:        []string{`ANALYZE`, `PRAGMA wal_checkpoint(TRUNCATE)`},
+	floorDone:      floorDoneWhere + ` AND key_digest IS NOT NULL`,
 }
 
 // newSQLiteBackend returns the SQLite backend; each namespace is a file
@@ -77,6 +79,9 @@ func newSQLiteBackend(dir string) *backend[*sql.Tx] {
 				if _, err := db.ExecContext(ctx, q); err != nil {
 					return false, err
 				}
+			}
+			if err := sqliteFloorTable(ctx, db); err != nil {
+				return false, fmt.Errorf("floor table: %w", err)
 			}
 			return false, workload.FillProducts(ctx, workload.SQLite, sqlAdmin{db}.exec)
 		},
@@ -135,6 +140,9 @@ func newSQLiteBackend(dir string) *backend[*sql.Tx] {
 		}
 		return &pools[*sql.Tx]{
 			store: store, readStore: readStore, admin: sqlAdmin{dbs[2]}, pkSelect: sqlPKSelect(dbs[1]), storePKSelect: sqlPKSelect(dbs[0]),
+			openFloor: func(ctx context.Context, _ bool) (*floorRunner[*sql.Tx], error) {
+				return sqliteFloor(ctx, store, dbs[0])
+			},
 			close: closeAll,
 		}, nil
 	}

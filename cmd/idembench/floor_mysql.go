@@ -1,0 +1,252 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+
+	"github.com/idemstore/idem"
+	"github.com/idemstore/idem/internal/workload"
+)
+
+// The floor scenarios' statements on MySQL/MariaDB. The read is a plain
+// consistent read: a locking one would take a gap lock on the absent key,
+// which the floor does not need.
+const (
+	mysqlFloorTable = `CREATE TABLE ` + floorTable + ` LIKE idempotency_keys`
+	mysqlFloorRead  = `SELECT ` + floorRecordColumns + `
+FROM ` + floorTable + `
+WHERE scope = ? AND idempotency_key = ?`
+	// key_digest is generated: not written.
+	mysqlFloorInsert = `INSERT INTO ` + floorTable + ` (` + floorRecordColumns + `)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+	// floor's first and last statements on MariaDB, as idemmysql's
+	// connector sends Do's claim and completion: START TRANSACTION and the
+	// read in one compound statement, the INSERT and COMMIT in another.
+	mysqlFloorBeginRead    = "BEGIN NOT ATOMIC\nSTART TRANSACTION;\n" + mysqlFloorRead + ";\nEND"
+	mysqlFloorInsertCommit = "BEGIN NOT ATOMIC\n" + mysqlFloorInsert + ";\nCOMMIT;\nEND"
+)
+
+// mysqlFloorScan scans a row of mysqlFloorRead, for a fresh key none: nil
+// then.
+func mysqlFloorScan(row *sql.Row) error {
+	var (
+		scope, key, fp, hdr, body []byte
+		status                    int16
+		token                     int64
+		attempt                   int32
+		code                      sql.NullInt32
+		lease, created, updated   time.Time
+		completed                 sql.NullTime
+		expires                   time.Time
+	)
+	err := row.Scan(&scope, &key, &fp, &status, &token, &attempt, &lease, &code, &hdr, &body, &created, &updated, &completed, &expires)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case err == nil:
+		return errFloorKeyFound
+	}
+	return fmt.Errorf("floor: read: %w", err)
+}
+
+// mysqlFloor runs the floor scenarios: floortx on s (the measured pool),
+// floor on fdb (nil: floortx only), a pool opened through floorConnector,
+// whose transactions begin with their first statement and commit with a
+// statement of the caller's, as idemmysql.NewConnector's do for Do.
+func mysqlFloor(s *idem.Store[*sql.Tx], fdb *sql.DB) *floorRunner[*sql.Tx] {
+	do := func(ctx context.Context, insert func(context.Context, *sql.Tx, string) error, scope string) error {
+		r := newFloorRow(scope, workload.NewKey())
+		tx, err := fdb.BeginTx(context.WithValue(ctx, floorLazyKey{}, true), nil)
+		if err != nil {
+			return fmt.Errorf("floor: begin: %w", err)
+		}
+		defer func() { _ = tx.Rollback() }() // after the COMMIT: sends nothing
+		qctx := context.WithValue(ctx, floorFirstKey{}, mysqlFloorBeginRead)
+		if err := mysqlFloorScan(tx.QueryRowContext(qctx, mysqlFloorRead, r.scope, r.key)); err != nil {
+			return err
+		}
+		if err := insert(ctx, tx, scope); err != nil {
+			return err
+		}
+		cctx := context.WithValue(ctx, floorCommitsKey{}, true)
+		if _, err := tx.ExecContext(cctx, mysqlFloorInsertCommit, r.args()...); err != nil {
+			return fmt.Errorf("floor: complete: %w", err)
+		}
+		return tx.Commit()
+	}
+	tx := floorTxOp(s,
+		func(ctx context.Context, tx *sql.Tx, r *floorRow) error {
+			return mysqlFloorScan(tx.QueryRowContext(ctx, mysqlFloorRead, r.scope, r.key))
+		},
+		func(ctx context.Context, tx *sql.Tx, r *floorRow) error {
+			_, err := tx.ExecContext(ctx, mysqlFloorInsert, r.args()...)
+			return err
+		})
+	if fdb == nil {
+		do = nil
+	}
+	return &floorRunner[*sql.Tx]{do: do, tx: tx, close: func() {}}
+}
+
+// Context keys of floorConn.
+type (
+	// floorLazyKey marks a BeginTx whose START TRANSACTION is to travel
+	// with the transaction's first statement.
+	floorLazyKey struct{}
+	// floorFirstKey holds the text to send instead of the first statement
+	// of a lazily begun transaction: that statement with START TRANSACTION.
+	floorFirstKey struct{}
+	// floorCommitsKey marks a statement that commits the transaction.
+	floorCommitsKey struct{}
+)
+
+// floorConnector opens floorConns: the floor's own copy of what
+// idemmysql.NewConnector does for Do (whose context keys are the
+// package's), so that the floor makes Do's round trips without Do's code.
+type floorConnector struct{ inner driver.Connector }
+
+func newFloorConnector(cfg *gomysql.Config) (driver.Connector, error) {
+	c := cfg.Clone()
+	c.InterpolateParams = true // compound statements cannot be prepared
+	inner, err := gomysql.NewConnector(c)
+	if err != nil {
+		return nil, err
+	}
+	return floorConnector{inner}, nil
+}
+
+func (c floorConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.inner.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	dc, ok := conn.(floorDriverConn)
+	if !ok {
+		_ = conn.Close()
+		return nil, fmt.Errorf("floor: the driver's connection %T lacks methods database/sql uses", conn)
+	}
+	return &floorConn{floorDriverConn: dc}, nil
+}
+
+func (c floorConnector) Driver() driver.Driver { return c.inner.Driver() }
+
+// floorDriverConn is every interface of go-sql-driver's connection, which
+// floorConn forwards.
+type floorDriverConn interface {
+	driver.Conn
+	driver.ConnBeginTx
+	driver.ConnPrepareContext
+	driver.ExecerContext
+	driver.QueryerContext
+	driver.Pinger
+	driver.SessionResetter
+	driver.Validator
+	driver.NamedValueChecker
+}
+
+// floorConn is a connection whose transactions can begin lazily (BeginTx
+// with floorLazyKey sends nothing) and commit in a statement (one with
+// floorCommitsKey); database/sql never uses it from two goroutines at once.
+type floorConn struct {
+	floorDriverConn
+	lazy, committed bool
+}
+
+func (c *floorConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if ctx.Value(floorLazyKey{}) == nil || opts != (driver.TxOptions{}) {
+		return c.floorDriverConn.BeginTx(ctx, opts)
+	}
+	c.lazy, c.committed = true, false
+	return (*floorTx)(c), nil
+}
+
+// first returns the text to send for query and whether it is the text of
+// floorFirstKey, which begins the transaction not begun yet; without that
+// key it sends START TRANSACTION first if the transaction has not begun.
+func (c *floorConn) first(ctx context.Context, query string) (string, bool, error) {
+	if c.lazy {
+		if alt, ok := ctx.Value(floorFirstKey{}).(string); ok {
+			c.lazy = false
+			return alt, true, nil
+		}
+	}
+	return query, false, c.beginPlain(ctx)
+}
+
+// beginPlain sends START TRANSACTION if a lazy transaction has not begun.
+func (c *floorConn) beginPlain(ctx context.Context) error {
+	if !c.lazy {
+		return nil
+	}
+	c.lazy = false
+	_, err := c.floorDriverConn.ExecContext(ctx, "START TRANSACTION", nil)
+	return err
+}
+
+// errNotInterpolated: the driver would have database/sql prepare a
+// compound statement, which the server cannot prepare.
+var errNotInterpolated = errors.New("floor: compound statement not interpolated by the driver")
+
+func (c *floorConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	q, begins, err := c.first(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := c.floorDriverConn.QueryContext(ctx, q, args)
+	if begins && errors.Is(err, driver.ErrSkip) {
+		return nil, errNotInterpolated
+	}
+	return rows, err
+}
+
+func (c *floorConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	q, begins, err := c.first(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	res, err := c.floorDriverConn.ExecContext(ctx, q, args)
+	commits := ctx.Value(floorCommitsKey{}) != nil
+	switch {
+	case (begins || commits) && errors.Is(err, driver.ErrSkip):
+		return nil, errNotInterpolated
+	case commits && err == nil:
+		c.committed = true
+	}
+	return res, err
+}
+
+func (c *floorConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	if err := c.beginPlain(ctx); err != nil {
+		return nil, err
+	}
+	return c.floorDriverConn.PrepareContext(ctx, query)
+}
+
+func (c *floorConn) ResetSession(ctx context.Context) error {
+	c.lazy, c.committed = false, false
+	return c.floorDriverConn.ResetSession(ctx)
+}
+
+// floorTx is the transaction of a lazy BeginTx: it sends COMMIT or
+// ROLLBACK unless the transaction never began or a statement committed it.
+type floorTx floorConn
+
+func (t *floorTx) Commit() error   { return t.end("COMMIT") }
+func (t *floorTx) Rollback() error { return t.end("ROLLBACK") }
+
+func (t *floorTx) end(stmt string) error {
+	c := (*floorConn)(t)
+	skip := c.lazy || c.committed
+	c.lazy, c.committed = false, false
+	if skip {
+		return nil
+	}
+	_, err := c.floorDriverConn.ExecContext(context.Background(), stmt, nil)
+	return err
+}
