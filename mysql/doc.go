@@ -219,6 +219,14 @@
 // reapers share the expired rows instead of queueing behind each other.
 // When fewer rows than a batch are expired, InnoDB also locks the first live
 // row past them until the statement ends (skipping it too if it is held).
+// What a pass costs the claims is CPU, not lock waits: on MariaDB 10.11 with
+// two shared cores the statement took about 14 µs of its server thread per
+// deleted row, purge more afterwards, and InnoDB counted no row lock wait
+// while it ran beside 8 claim workers (16 000–28 000 rows/s, claim p99 2–9×
+// its figure without the reaper, on a loaded machine). Where the claims
+// already use every core, ReaperConfig.BatchPause trades the rate for their
+// tail. The forms of the statement that were measured against it, and why
+// they were not taken, are in the comment of deleteExpired in queries.go.
 // Statements that use LIMIT or SKIP LOCKED are unsafe for statement-based
 // replication: with binlog_format=STATEMENT the server logs a warning, while
 // MIXED and ROW log the deleted rows. Like everything else here, the
