@@ -2,6 +2,11 @@ package postgres
 
 import (
 	"context"
+	"encoding/binary"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/replayrow"
@@ -18,20 +23,84 @@ WHERE scope = $1::text AND idempotency_key = $2::text
 var _ idem.ReplayReader = (*executor)(nil)
 
 // GetCompleted implements idem.ReplayReader.
+//
+// It reads the row's raw values instead of scanning them: a replay is meant
+// to cost what a bare primary-key read costs, and Scan plans every column
+// anew for each query and allocates for each target (a *int32 for the
+// nullable status costs three allocations and reflection). Values in any
+// other shape than the binary ones expected (the simple protocol's text, a
+// NULL where the schema forbids one) go through Scan, which decodes or
+// refuses them as before.
 func (e *executor) GetCompleted(ctx context.Context, p *idem.GetParams) (*idem.Record, error) {
-	var (
-		fingerprint, header, body []byte
-		status                    int16
-		code                      *int32
-	)
-	err := e.db.QueryRow(ctx, e.st.getCompleted, p.Scope, p.Key, pinnedNow(p.Now)).
-		Scan(&fingerprint, &status, &code, &header, &body)
+	rows, err := e.db.Query(ctx, e.st.getCompleted, p.Scope, p.Key, pinnedNow(p.Now))
 	if err != nil {
 		return nil, interpretError(ctx, err)
 	}
-	var c int
-	if code != nil {
-		c = int(*code)
+	defer rows.Close()
+	if !rows.Next() {
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, interpretError(ctx, err)
+		}
+		return nil, idem.ErrNotFound
 	}
-	return replayrow.Decode(p.Scope, p.Key, fingerprint, idem.Status(status), c, header, body)
+	rec, err := decodeReplayRow(p, rows)
+	// Close reads the rest of the answer: an error there (the server's,
+	// the connection's) wins over the decoded row.
+	rows.Close()
+	if rerr := rows.Err(); rerr != nil {
+		return nil, interpretError(ctx, rerr)
+	}
+	if err != nil {
+		return nil, interpretError(ctx, err)
+	}
+	return rec, nil
+}
+
+// replayOIDs are the types of getCompleted's columns, in order.
+var replayOIDs = [...]uint32{pgtype.ByteaOID, pgtype.Int2OID, pgtype.Int4OID, pgtype.ByteaOID, pgtype.ByteaOID}
+
+// decodeReplayRow decodes the current row of rows, a getCompleted answer.
+// The raw values are valid only until rows moves on: the header is decoded
+// from them (DecodeHeader copies what it keeps) and the body copied.
+func decodeReplayRow(p *idem.GetParams, rows pgx.Rows) (*idem.Record, error) {
+	if rec, ok, err := decodeReplayRaw(p, rows.FieldDescriptions(), rows.RawValues()); ok {
+		return rec, err
+	}
+	var (
+		fingerprint, header, body []byte
+		status                    int16
+		code                      pgtype.Int4
+	)
+	if err := rows.Scan(&fingerprint, &status, &code, &header, &body); err != nil {
+		return nil, err
+	}
+	return replayrow.Decode(p.Scope, p.Key, fingerprint, idem.Status(status), int(code.Int32), header, body)
+}
+
+// decodeReplayRaw decodes a row of binary values; ok is false for anything
+// else, left to Scan.
+func decodeReplayRaw(p *idem.GetParams, fds []pgconn.FieldDescription, vals [][]byte) (_ *idem.Record, ok bool, _ error) {
+	if len(fds) != len(replayOIDs) || len(vals) != len(replayOIDs) {
+		return nil, false, nil
+	}
+	for i, fd := range fds {
+		if fd.Format != pgx.BinaryFormatCode || fd.DataTypeOID != replayOIDs[i] {
+			return nil, false, nil
+		}
+	}
+	fingerprint, st, cd, header, body := vals[0], vals[1], vals[2], vals[3], vals[4]
+	if fingerprint == nil || len(st) != 2 || (cd != nil && len(cd) != 4) {
+		return nil, false, nil
+	}
+	var code int
+	if cd != nil {
+		code = int(int32(binary.BigEndian.Uint32(cd))) //nolint:gosec // a signed int4, as the server sent it
+	}
+	if body != nil {
+		body = append(make([]byte, 0, len(body)), body...)
+	}
+	//nolint:gosec // a signed int2, as the server sent it; Decode refuses what is not a status
+	rec, err := replayrow.Decode(p.Scope, p.Key, fingerprint, idem.Status(int16(binary.BigEndian.Uint16(st))), code, header, body)
+	return rec, true, err
 }

@@ -16,12 +16,18 @@ const Columns = `fingerprint, status, response_status, response_headers, respons
 // idem.ErrNotFound when it is processing (GetCompleted answers only
 // completed records), an *idem.CorruptRecordError when a value cannot be
 // decoded. code is the response status, 0 for NULL (left for the Store's
-// validation to refuse, as on Get).
+// validation to refuse, as on Get). fingerprint and header are only read
+// (they may be a driver's buffer); body is kept.
 func Decode(scope, key string, fingerprint []byte, status idem.Status, code int, header, body []byte) (*idem.Record, error) {
 	if !status.Final() {
 		return nil, idem.ErrNotFound
 	}
-	rec := &idem.Record{Scope: scope, Key: key, Status: status}
+	// One allocation for both: every replay makes them.
+	both := &struct {
+		rec  idem.Record
+		resp idem.Response
+	}{rec: idem.Record{Scope: scope, Key: key, Status: status}}
+	rec := &both.rec
 	if len(fingerprint) != len(rec.Fingerprint) {
 		return nil, &idem.CorruptRecordError{Reason: fmt.Sprintf("its fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))}
 	}
@@ -34,6 +40,7 @@ func Decode(scope, key string, fingerprint []byte, status idem.Status, code int,
 	if body == nil {
 		body = []byte{} // drivers read an empty value as nil; a replay gives back an empty body
 	}
-	rec.Response = &idem.Response{StatusCode: code, Header: h, Body: body}
+	both.resp = idem.Response{StatusCode: code, Header: h, Body: body}
+	rec.Response = &both.resp
 	return rec, nil
 }
