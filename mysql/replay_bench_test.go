@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
 
@@ -76,10 +78,20 @@ func BenchmarkReplayDo(b *testing.B) {
 		return db.QueryRowContext(ctx, q, args...).Scan(&fp, &status, &code, &hdr, &bdy)
 	}
 	const cols = `SELECT fingerprint, status, response_status, response_headers, response_body FROM idempotency_keys `
-	b.Run("pkselect", func(b *testing.B) {
-		run(b, func(ctx context.Context, k sk) error {
-			return scan(cols+`WHERE scope = ? AND idempotency_key = ?`, k.scope, k.key)
+	pkOp := func(ctx context.Context, k sk) error {
+		return scan(cols+`WHERE scope = ? AND idempotency_key = ?`, k.scope, k.key)
+	}
+	replayOp := func(ctx context.Context, k sk) error {
+		res, err := store.Do(ctx, k.scope, k.key, workload.Fingerprint, func(context.Context, *sql.Tx) (*idem.Response, error) {
+			return nil, errors.New("completed key executed again")
 		})
+		if err == nil && !res.Replayed {
+			err = errors.New("not replayed")
+		}
+		return err
+	}
+	b.Run("pkselect", func(b *testing.B) {
+		run(b, func(ctx context.Context, k sk) error { return pkOp(ctx, k) })
 	})
 	b.Run("gcsql", func(b *testing.B) {
 		run(b, func(ctx context.Context, k sk) error {
@@ -92,14 +104,32 @@ func BenchmarkReplayDo(b *testing.B) {
 		})
 	})
 	b.Run("replay", func(b *testing.B) {
+		run(b, func(ctx context.Context, k sk) error { return replayOp(ctx, k) })
+	})
+	// mixed runs both in turn on every goroutine, so that both see the same
+	// load (the machine is shared): pk/replay is the ratio of their mean
+	// latencies, at a fixed number of workers the ratio of their rates.
+	b.Run("mixed", func(b *testing.B) {
+		var pkNs, replayNs atomic.Int64
+		var turn atomic.Bool
 		run(b, func(ctx context.Context, k sk) error {
-			res, err := store.Do(ctx, k.scope, k.key, workload.Fingerprint, func(context.Context, *sql.Tx) (*idem.Response, error) {
-				return nil, errors.New("completed key executed again")
-			})
-			if err == nil && !res.Replayed {
-				err = errors.New("not replayed")
+			ops := [2]func(context.Context, sk) error{pkOp, replayOp}
+			sums := [2]*atomic.Int64{&pkNs, &replayNs}
+			first := 0
+			if turn.Load() {
+				first = 1
 			}
-			return err
+			turn.Store(!turn.Load())
+			for n := range 2 {
+				i := (first + n) % 2
+				start := time.Now()
+				if err := ops[i](ctx, k); err != nil {
+					return err
+				}
+				sums[i].Add(int64(time.Since(start)))
+			}
+			return nil
 		})
+		b.ReportMetric(float64(pkNs.Load())/float64(replayNs.Load()), "pk/replay")
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -63,15 +64,25 @@ func BenchmarkReplayDo(b *testing.B) {
 			}
 		})
 	}
-	b.Run("pkselect", func(b *testing.B) {
-		run(b, func(ctx context.Context, k sk) error {
-			var (
-				status       int16
-				fp, hdr, bdy []byte
-				code         int32
-			)
-			return pool.QueryRow(ctx, benchPGSelect, k.scope, k.key).Scan(&status, &fp, &code, &hdr, &bdy)
+	pkOp := func(ctx context.Context, k sk) error {
+		var (
+			status       int16
+			fp, hdr, bdy []byte
+			code         int32
+		)
+		return pool.QueryRow(ctx, benchPGSelect, k.scope, k.key).Scan(&status, &fp, &code, &hdr, &bdy)
+	}
+	replayOp := func(ctx context.Context, k sk) error {
+		res, err := store.Do(ctx, k.scope, k.key, workload.Fingerprint, func(context.Context, pgx.Tx) (*idem.Response, error) {
+			return nil, errors.New("completed key executed again")
 		})
+		if err == nil && !res.Replayed {
+			err = errors.New("not replayed")
+		}
+		return err
+	}
+	b.Run("pkselect", func(b *testing.B) {
+		run(b, func(ctx context.Context, k sk) error { return pkOp(ctx, k) })
 	})
 	scan5 := func(row pgx.Row) error {
 		var (
@@ -97,14 +108,32 @@ WHERE scope = $1 AND idempotency_key = $2 AND expires_at > clock_timestamp()`, k
 		})
 	})
 	b.Run("replay", func(b *testing.B) {
+		run(b, func(ctx context.Context, k sk) error { return replayOp(ctx, k) })
+	})
+	// mixed runs both in turn on every goroutine, so that both see the same
+	// load (the machine is shared): pk/replay is the ratio of their mean
+	// latencies, at a fixed number of workers the ratio of their rates.
+	b.Run("mixed", func(b *testing.B) {
+		var pkNs, replayNs atomic.Int64
+		var turn atomic.Bool
 		run(b, func(ctx context.Context, k sk) error {
-			res, err := store.Do(ctx, k.scope, k.key, workload.Fingerprint, func(context.Context, pgx.Tx) (*idem.Response, error) {
-				return nil, errors.New("completed key executed again")
-			})
-			if err == nil && !res.Replayed {
-				err = errors.New("not replayed")
+			ops := [2]func(context.Context, sk) error{pkOp, replayOp}
+			sums := [2]*atomic.Int64{&pkNs, &replayNs}
+			first := 0
+			if turn.Load() {
+				first = 1
 			}
-			return err
+			turn.Store(!turn.Load())
+			for n := range 2 {
+				i := (first + n) % 2
+				start := time.Now()
+				if err := ops[i](ctx, k); err != nil {
+					return err
+				}
+				sums[i].Add(int64(time.Since(start)))
+			}
+			return nil
 		})
+		b.ReportMetric(float64(pkNs.Load())/float64(replayNs.Load()), "pk/replay")
 	})
 }
