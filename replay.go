@@ -156,7 +156,14 @@ func (s *Store[TTx]) replayFirst(ctx context.Context, scope, key string, fp Fing
 	if s.cfg.Observer != nil {
 		start = time.Now()
 	}
-	rec, err := s.readCompleted(ctx, scope, key)
+	// The read's parameters and the answer in one allocation: both escape
+	// (the parameters through the Executor interface), and a replay is
+	// meant to cost what a plain read does.
+	both := &struct {
+		res Result
+		p   GetParams
+	}{p: GetParams{Scope: scope, Key: key, Now: s.now()}}
+	rec, err := s.readCompleted(ctx, &both.p)
 	// No digest for checkRecord: a failure is not reported from here.
 	if err != nil || !rec.Status.Final() || !rec.Fingerprint.Equal(fp) || checkRecord(rec, "") != nil {
 		return nil
@@ -166,7 +173,8 @@ func (s *Store[TTx]) replayFirst(ctx context.Context, scope, key string, fp Fing
 		s.observeClaim(ctx, start, scope, key, &Claim{Scope: scope, Key: key, Token: rec.Token, Attempt: rec.Attempt, Replay: rec}, nil)
 	}
 	s.replays.note(answerReplayed)
-	return &Result{Response: rec.Response, Replayed: true, Status: rec.Status, replayed: rec}
+	both.res = Result{Response: rec.Response, Replayed: true, Status: rec.Status, replayed: rec}
+	return &both.res
 }
 
 // replayCached answers Do from the replay cache when it holds a live
@@ -215,9 +223,8 @@ func minTime(a, b time.Time) time.Time {
 
 // readCompleted is the read of replayFirst: GetCompleted when the pool's
 // Executor has it, Get otherwise.
-func (s *Store[TTx]) readCompleted(ctx context.Context, scope, key string) (*Record, error) {
+func (s *Store[TTx]) readCompleted(ctx context.Context, p *GetParams) (*Record, error) {
 	exec := s.dialect.DB()
-	p := &GetParams{Scope: scope, Key: key, Now: s.now()}
 	if rr, ok := exec.(ReplayReader); ok {
 		return rr.GetCompleted(ctx, p)
 	}

@@ -111,6 +111,28 @@ func FuzzCanonicalJSON(f *testing.F) {
 	})
 }
 
+// FuzzCanonicalFast: canonicalJSON, with its fast path for the common
+// subset, answers exactly what the json.Decoder path answers (the same
+// bytes, or the same error), so that no fingerprint changes.
+func FuzzCanonicalFast(f *testing.F) {
+	for _, s := range []string{
+		`{"b":[1,{"d":null,"c":"x"}],"a":1.50}`, `[]`, `{}`, `"\u00e9"`, `{"a":1,"a":2}`, `{"B":1,"a":2,"b":3,"A":4}`,
+		`{"é":1,"E":2,"e":3,"ſ":4,"S":5,"s":6,"K":7,"k":8}`, ` { "x" : [ 1 , 2 ] , "w" : { } } `, `-0.5e+10`, `01`, `1.`,
+		`-`, `1e`, `[1,]`, `{"a":1,}`, `{"a"}`, `[1 2]`, `truex`, `nul`, `"a\"b"`, "\"\x01\"", "\"\xff\"", `[[[[[[[[[[1]]]]]]]]]]`,
+		`{"amount":{"value":"1999","currency":"EUR"},"items":[{"sku":"SKU-1234","qty":2}]}`, `1 2`, ``, ` `, `{"a":1}}`,
+		`{"z":{"y":2,"x":1},"m":[{"b":1,"a":2}]}`, "\"\u2028\"", "\"\xe2\x80\xa8\"", "\"\xed\xa0\x80\"",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fast, ferr := idemhttp.CanonicalJSON(data, testDepth)
+		slow, serr := idemhttp.CanonicalDecoded(data, testDepth)
+		if !bytes.Equal(fast, slow) || errors.Is(ferr, idemhttp.ErrJSONTooDeep) != errors.Is(serr, idemhttp.ErrJSONTooDeep) || (ferr == nil) != (serr == nil) {
+			t.Fatalf("%q: canonicalJSON %q, %v; the decoder's path %q, %v", data, fast, ferr, slow, serr)
+		}
+	})
+}
+
 // decode reads a JSON text the way a handler would, keeping number literals.
 func decode(t *testing.T, data []byte) any {
 	t.Helper()

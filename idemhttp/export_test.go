@@ -4,6 +4,7 @@ package idemhttp
 var (
 	ParseKey         = parseKey
 	CanonicalJSON    = canonicalJSON
+	CanonicalDecoded = canonicalDecoded
 	ErrJSONTooDeep   = errJSONTooDeep
 	DefaultKeyFormat = defaultKeyFormat
 )

@@ -3,6 +3,7 @@
 package codec
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -137,6 +138,11 @@ func DecodeHeader(b []byte) (http.Header, error) {
 // decodeSimple parses {"K":["v",...],...} with no whitespace, no escapes and
 // no null, as EncodeHeader writes it for ordinary headers. ok is false for
 // anything else, which the caller hands to encoding/json.
+//
+// Every replay decodes a header: the names and values are substrings of one
+// copy of b, and the value lists share one array (each capped at its
+// length, so an append to one list does not overwrite the next), a few
+// allocations instead of two per name.
 func decodeSimple(b []byte) (_ http.Header, ok bool) {
 	if len(b) < 2 || b[0] != '{' || b[len(b)-1] != '}' {
 		return nil, false
@@ -146,26 +152,30 @@ func decodeSimple(b []byte) (_ http.Header, ok bool) {
 	if b[i] == '}' {
 		return h, i == len(b)-1
 	}
+	text := string(b)
+	// At most one string per two quotes: the names and the values.
+	all := make([]string, 0, bytes.Count(b, []byte{'"'})/2)
 	for {
-		k, next, ok := simpleString(b, i)
+		ks, ke, next, ok := simpleString(b, i)
 		if !ok || next >= len(b) || b[next] != ':' {
 			return nil, false
 		}
+		k := text[ks:ke]
 		i = next + 1
 		if i >= len(b) || b[i] != '[' {
 			return nil, false
 		}
 		i++
-		vs := []string{}
+		first := len(all)
 		if i < len(b) && b[i] == ']' {
 			i++
 		} else {
 			for {
-				v, next, ok := simpleString(b, i)
+				vs, ve, next, ok := simpleString(b, i)
 				if !ok || next >= len(b) {
 					return nil, false
 				}
-				vs = append(vs, v)
+				all = append(all, text[vs:ve])
 				i = next + 1
 				if b[next] == ']' {
 					break
@@ -178,7 +188,7 @@ func decodeSimple(b []byte) (_ http.Header, ok bool) {
 		if _, dup := h[k]; dup {
 			return nil, false // json.Unmarshal's rule for duplicates applies
 		}
-		h[k] = vs
+		h[k] = all[first:len(all):len(all)]
 		if i >= len(b) {
 			return nil, false
 		}
@@ -194,23 +204,23 @@ func decodeSimple(b []byte) (_ http.Header, ok bool) {
 }
 
 // simpleString reads a JSON string at b[i] that has no escape and only
-// valid UTF-8 without control characters, returning it and the index after
-// its closing quote.
-func simpleString(b []byte, i int) (s string, next int, ok bool) {
+// valid UTF-8 without control characters, returning the bounds of its
+// contents and the index after its closing quote.
+func simpleString(b []byte, i int) (start, end, next int, ok bool) {
 	if i >= len(b) || b[i] != '"' {
-		return "", 0, false
+		return 0, 0, 0, false
 	}
-	start := i + 1
+	start = i + 1
 	for j := start; j < len(b); j++ {
 		switch c := b[j]; {
 		case c == '"':
 			if !utf8.Valid(b[start:j]) {
-				return "", 0, false
+				return 0, 0, 0, false
 			}
-			return string(b[start:j]), j + 1, true
+			return start, j, j + 1, true
 		case c == '\\' || c < 0x20:
-			return "", 0, false
+			return 0, 0, 0, false
 		}
 	}
-	return "", 0, false
+	return 0, 0, 0, false
 }
