@@ -27,6 +27,7 @@ func replayReadCases[TTx any]() []testCase[TTx] {
 		{name: "ReplayReadCorruptRecord", run: testReplayReadCorruptRecord[TTx]},
 		{name: "ReplayReadBodyRef", run: testReplayReadBodyRef[TTx]},
 		{name: "ReplayReadObserved", run: testReplayReadObserved[TTx]},
+		{name: "ReplayReadDeadline", run: testReplayReadDeadline[TTx]},
 	}
 }
 
@@ -238,5 +239,38 @@ func testReplayReadObserved[TTx any](t *testing.T, h Harness[TTx]) {
 			requireLogged(t, rec, "idem: replay", digest.Key("t1/create", key))
 			rec.Check(t)
 		})
+	}
+}
+
+// testReplayReadDeadline: the pool's ReplayReader returns the record's
+// retention deadline as Get does, to the microsecond (the replay cache
+// never keeps an entry beyond it), on the server's clock and on a pinned
+// one.
+func testReplayReadDeadline[TTx any](t *testing.T, h Harness[TTx]) {
+	for _, pinned := range []bool{false, true} {
+		var now func() time.Time
+		if pinned {
+			now = newClock().Now
+		}
+		ctx, b := setup(t, h, &idem.Config{Retention: time.Hour, Now: now})
+		rr, ok := b.ns.Dialect.DB().(idem.ReplayReader)
+		if !ok {
+			t.Skip("the dialect's pool has no ReplayReader")
+		}
+		key := newKey("deadline")
+		_, err := b.store.Do(ctx, "t1/create", key, fp("x"), orderFn(b.ns, key, new(counter)))
+		require.NoError(t, err)
+		var at *time.Time
+		if now != nil {
+			v := now()
+			at = &v
+		}
+		got, err := rr.GetCompleted(ctx, &idem.GetParams{Scope: "t1/create", Key: key, Now: at})
+		require.NoError(t, err)
+		full, err := b.ns.Dialect.DB().Get(ctx, &idem.GetParams{Scope: "t1/create", Key: key, Now: at})
+		require.NoError(t, err)
+		require.False(t, got.ExpiresAt.IsZero())
+		require.True(t, full.ExpiresAt.Equal(got.ExpiresAt), "GetCompleted %v, Get %v", got.ExpiresAt, full.ExpiresAt)
+		require.Equal(t, time.UTC, got.ExpiresAt.Location())
 	}
 }
