@@ -53,6 +53,8 @@ func TestSummarizeRatiosPerRepetition(t *testing.T) {
 		shaped("direct", "small", "tx", 500, 400, 400),
 		shaped("direct", "small", "floortx", 600, 400, 400),
 		{RTT: "direct", Scenario: "pkselect", Workers: 8, PerRep: []float64{100, 100, 100}, OpsPerSec: 100},
+		shaped("direct", "small", "httppk", 300, 300, 300),
+		{RTT: "direct", Shape: "small", Scenario: "httpreplay", Base: "httppk", Workers: 8, PerRep: []float64{270, 300, 330}, OpsPerSec: 300},
 		{RTT: "direct", Scenario: "replay", Base: "pkselect", Workers: 8, PerRep: []float64{95, 91, 99}, OpsPerSec: 95},
 		{RTT: "direct", Shape: "small", Scenario: "reaper", Base: "tx", Workers: 8, PerRep: []float64{1, 1}, OpsPerSec: 1,
 			P99VsBase: 1.2, ExtraPerRep: map[string][]float64{"reaper_rows_per_s": {30000, 20000, 26000}}},
@@ -64,6 +66,9 @@ func TestSummarizeRatiosPerRepetition(t *testing.T) {
 	require.Contains(t, lineOf(t, s, "| small", "| do "), "**0.50** [0.25–1.00]")
 	require.Contains(t, lineOf(t, s, "| small", "| bare "), "1000/s")
 	require.Contains(t, lineOf(t, s, "replay ÷ pkselect"), "**0.95** [0.91–0.99]")
+	// A scenario another names as its base is a base: ops/s, not ÷ bare.
+	require.Contains(t, lineOf(t, s, "| small", "| httppk "), "300/s")
+	require.Contains(t, lineOf(t, s, "| small", "httpreplay ÷ httppk"), "**1.00** [0.90–1.10]")
 
 	// Do ÷ bare 0.50 < 0.55 and floor ÷ bare 0.50 < 0.55: out of reach.
 	require.Contains(t, lineOf(t, s, "MariaDB Do ≥ 0.55× bare"), "no: out of reach")
