@@ -14,7 +14,7 @@ import (
 	"github.com/idemstore/idem/internal/replayrow"
 )
 
-// getCompleted reads what a replay answers from: five columns of a live
+// getCompleted reads what a replay answers from: six columns of a live
 // record, by primary key, without a lock. A processing record is read too
 // and refused in Go (replayrow.Decode), which keeps the WHERE clause get's.
 const getCompleted = `SELECT ` + replayrow.Columns + `
