@@ -34,6 +34,7 @@ var mysqlStatements = statements{
 		`TRUNCATE TABLE orders`,
 		`TRUNCATE TABLE ` + floorTable,
 		`INSERT INTO idempotency_keys (` + mysqlRecordColumns + `) SELECT ` + mysqlRecordColumns + ` FROM idembench_seed`,
+		floorSeed(""),
 		`ANALYZE TABLE idempotency_keys, orders, order_lines, products, ` + floorTable,
 	},
 	truncateOrders: []string{`TRUNCATE TABLE order_lines`, `TRUNCATE TABLE orders`},

@@ -46,6 +46,7 @@ var pgStatements = statements{
 	reset: []string{
 		`TRUNCATE idempotency_keys, orders, order_lines, ` + floorTable,
 		`INSERT INTO idempotency_keys SELECT * FROM idembench_seed`,
+		floorSeed(""),
 		// The order shape's stock updates leave dead row versions.
 		`VACUUM ANALYZE products`,
 		`ANALYZE idempotency_keys, orders, order_lines, ` + floorTable,

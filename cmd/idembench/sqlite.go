@@ -24,6 +24,7 @@ var sqliteStatements = statements{
 		`DELETE FROM orders`,
 		`DELETE FROM ` + floorTable,
 		`INSERT INTO idempotency_keys SELECT * FROM idembench_seed`,
+		floorSeed(", key_digest"),
 		`PRAGMA wal_checkpoint(TRUNCATE)`,
 	},
 	// A recursive CTE makes the rows inside SQLite; keys are random so
