@@ -777,12 +777,37 @@ func galeraRecoverPosition(t *testing.T, dir, node string) string {
 	// Its exit status is not checked: after printing the position it may
 	// stop on a table whose DDL the kill interrupted (an .frm of a test
 	// namespace being created or dropped), which the node's restart then
-	// repairs or receives again from the cluster.
-	out, _ := exec.Command("/usr/sbin/mariadbd", "--defaults-file="+filepath.Join(dir, node, "my.cnf"),
-		"--wsrep-recover", "--log-error="+logFile).CombinedOutput()
-	log, err := os.ReadFile(logFile)
-	require.NoError(t, err, "mariadbd --wsrep-recover: %s", out)
+	// repairs or receives again from the cluster. Nor is its exit awaited:
+	// MariaDB 10.11.19 has been seen here to go on after printing the
+	// position (it opened its port, never exited, and grew by ~150 MB/s
+	// until the OOM killer took it and a cluster node with it), so it is
+	// killed as soon as the position is in its log.
 	const marker = "WSREP: Recovered position: "
+	var out bytes.Buffer
+	cmd := exec.Command("/usr/sbin/mariadbd", "--defaults-file="+filepath.Join(dir, node, "my.cnf"),
+		"--wsrep-recover", "--log-error="+logFile)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	deadline := time.After(2 * time.Minute)
+	for found := false; !found; {
+		select {
+		case <-exited:
+			found = true
+		case <-deadline:
+			found = true
+		case <-time.After(100 * time.Millisecond):
+			// The whole line: the position ends with its newline.
+			log, _ := os.ReadFile(logFile)
+			i := bytes.LastIndex(log, []byte(marker))
+			found = i >= 0 && bytes.IndexByte(log[i:], '\n') >= 0
+		}
+	}
+	_ = cmd.Process.Kill() // harmless after an exit
+	<-exited
+	log, err := os.ReadFile(logFile)
+	require.NoError(t, err, "mariadbd --wsrep-recover: %s", out.String())
 	i := bytes.LastIndex(log, []byte(marker))
 	require.GreaterOrEqual(t, i, 0, "no recovered position in %s:\n%s", logFile, log)
 	pos := strings.TrimSpace(string(log[i+len(marker):]))
