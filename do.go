@@ -89,9 +89,16 @@ func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, 
 	// Taken before anything is read, so that a fill from what this call
 	// reads or completes loses to a Delete that ran meanwhile, and its
 	// entry's deadline is counted from before the record was completed.
-	gen, began := s.cache.gen(), time.Now()
-	if res := s.replayCached(ctx, scope, key, fp, began); res != nil {
-		return res, nil
+	// Without the cache, Do's path pays for neither.
+	var (
+		gen   uint64
+		began time.Time
+	)
+	if s.cache != nil {
+		gen, began = s.cache.gen(), time.Now()
+		if res := s.replayCached(ctx, scope, key, fp, began); res != nil {
+			return res, nil
+		}
 	}
 	if res := s.replayFirst(ctx, scope, key, fp); res != nil {
 		s.cacheAnswer(scope, key, fp, res, gen, began)
