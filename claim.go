@@ -32,7 +32,10 @@ type Claim struct {
 	// deferred is set by deferred claims ([DeferredClaimer]): no record
 	// exists yet, and the completion inserts it with fingerprint and
 	// createdAt.
-	deferred    bool
+	deferred bool
+	// optimistic marks a deferred claim of an [OptimisticClaimer]: no lock
+	// holds the key either, and only Do's own completion may follow.
+	optimistic  bool
 	fingerprint Fingerprint
 	createdAt   time.Time
 }

@@ -132,6 +132,54 @@ type DeferredTxPipeliner[TTx any] interface {
 	CompleteDeferredCommit(ctx context.Context, tx TTx, p *CompleteDeferredParams) error
 }
 
+// OptimisticClaimer is implemented, optionally, by a [Dialect] whose
+// [Store.Do] can claim a free key without writing or locking anything
+// (package mysql, with its WithOptimisticDo option): the claim is a plain
+// read, fn runs, and the completion inserts the finished record and
+// commits, where the duplicate key of a concurrent claimer that got there
+// first rolls everything back. It serves Do alone, whose fn may only write
+// through its transaction and may already run more than once (Do retries
+// a deadlock): two Do calls of one key may then both run fn, and the
+// database's unique key lets exactly one of them commit. Where the dialect
+// holds the key with a lock of its own instead ([DeferredClaimer]), that
+// is preferred.
+//
+// Contract (the Executor's clauses on errors and Now apply too):
+//   - BeginClaimOptimistic returns [ErrSkipDefer], having begun nothing,
+//     when the dialect is not set up for optimistic claims; the Store then
+//     claims as it would without the interface.
+//   - Otherwise it begins a transaction, as Dialect.Begin does, and reads
+//     the key's committed record in it with a snapshot taken no earlier than
+//     the read, taking no lock and writing nothing. With an error the
+//     transaction, when it was begun, is returned open for the Store to
+//     roll back (as TxPipeliner.BeginClaim).
+//   - When the key has no committed record it returns Created, with Record
+//     the processing record the completion will insert (p's Token and
+//     Fingerprint, Attempt 1, CreatedAt = now, LeaseExpiresAt = now +
+//     LeaseDuration, ExpiresAt = now + Retention, as the dialect stores
+//     them) and Now the read's clock. Another transaction may be writing
+//     the key at that moment; nothing waits for it.
+//   - When the key has a record it returns it with Created false, as
+//     stored (expired records too), and Now the read's clock; the Store
+//     goes on with Executor.Claim and the other Executor methods in the
+//     transaction, as after TxPipeliner.BeginClaim.
+//   - CompleteOptimisticCommit, after a Created BeginClaimOptimistic,
+//     inserts the finished record (the fields of
+//     [DeferredClaimer.CompleteDeferred]) and commits the transaction.
+//     When the key's record exists, or is written by a transaction that
+//     then commits, it commits nothing and returns [ErrFenced]; when that
+//     transaction holds the key past p.WaitTimeout it commits nothing and
+//     returns an *[InProgressError]. Either way the Store rolls back and,
+//     after ErrFenced, runs Do's transaction again, which finds the record.
+type OptimisticClaimer[TTx any] interface {
+	// BeginClaimOptimistic begins a transaction and reads p's key in it
+	// (see the contract above).
+	BeginClaimOptimistic(ctx context.Context, p *ClaimParams) (TTx, *ClaimResult, error)
+	// CompleteOptimisticCommit inserts the finished record of an
+	// optimistic claim in tx and commits tx.
+	CompleteOptimisticCommit(ctx context.Context, tx TTx, p *CompleteDeferredParams) error
+}
+
 // ErrSkipDefer is returned by a [DeferredClaimer]'s claim when the
 // transaction cannot hold the key without writing its record, so that the
 // Store claims with [Executor.Claim] instead, as if the dialect did not
@@ -322,6 +370,10 @@ type CompleteDeferredParams struct {
 	Fingerprint    Fingerprint
 	CreatedAt      time.Time
 	LeaseExpiresAt time.Time
+	// WaitTimeout bounds a wait for another transaction that writes the
+	// same key ([OptimisticClaimer.CompleteOptimisticCommit]; a deferred
+	// claim's lock leaves nothing to wait for).
+	WaitTimeout time.Duration
 }
 
 // ReleaseParams are the arguments of [Executor.Release].

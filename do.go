@@ -78,7 +78,10 @@ func FinalFailure(resp *Response) error { return &FinalFailureError{Response: re
 // lock on the key (an advisory lock; SQLite's write lock) and the
 // completion inserts the finished record, one row version instead of an
 // insert and an update (see docs/design.md). fn therefore does not find the
-// key's record through [Store.GetTx] while it runs.
+// key's record through [Store.GetTx] while it runs. On an
+// [OptimisticClaimer] (package mysql with WithOptimisticDo) nothing holds
+// the key while fn runs: overlapping calls of one key may each run fn,
+// and all but one are rolled back and replay the one that committed.
 func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, fn func(ctx context.Context, tx TTx) (*Response, error)) (*Result, error) {
 	if err := validate(scope, key); err != nil {
 		return nil, err
@@ -185,6 +188,20 @@ func (s *Store[TTx]) doOnce(ctx context.Context, scope, key string, fp Fingerpri
 // round trip on a [TxPipeliner], and deferred on a [DeferredClaimer].
 func (s *Store[TTx]) beginClaim(ctx context.Context, t *doTx[TTx], scope, key string, fp Fingerprint) (*Claim, error) {
 	p := s.claimParams(scope, key, fp)
+	if oc, ok := s.dialect.(OptimisticClaimer[TTx]); ok {
+		tx, res, err := oc.BeginClaimOptimistic(ctx, p)
+		if !errors.Is(err, ErrSkipDefer) {
+			t.tx, t.open = tx, true
+			// Any further claim statement (after a takeover's race, say)
+			// writes the record, as after BeginClaim.
+			cl := &claimer{exec: s.dialect.Tx(tx), site: inDoTx}
+			c, err := s.settleClaim(ctx, cl, p, claimStep{res: res, err: err, deferred: err == nil && res.Created})
+			if c != nil && c.deferred {
+				c.optimistic = true
+			}
+			return c, err
+		}
+	}
 	switch d := s.dialect.(type) {
 	case DeferredTxPipeliner[TTx]:
 		tx, res, err := d.BeginClaimDeferred(ctx, p)
@@ -210,9 +227,14 @@ func (s *Store[TTx]) beginClaim(ctx context.Context, t *doTx[TTx], scope, key st
 // commits tx in one round trip, or nil when the dialect has none for c's
 // kind of claim.
 func (s *Store[TTx]) completeCommitSend(tx TTx, c *Claim) func(ctx context.Context, p *CompleteParams) error {
+	if oc, ok := s.dialect.(OptimisticClaimer[TTx]); ok && c.optimistic {
+		return func(ctx context.Context, p *CompleteParams) error {
+			return optimisticConflict(oc.CompleteOptimisticCommit(ctx, tx, s.deferredParams(c, p)))
+		}
+	}
 	if dp, ok := s.dialect.(DeferredTxPipeliner[TTx]); ok && c.deferred {
 		return func(ctx context.Context, p *CompleteParams) error {
-			return deferredConflict(dp.CompleteDeferredCommit(ctx, tx, deferredParams(c, p)))
+			return deferredConflict(dp.CompleteDeferredCommit(ctx, tx, s.deferredParams(c, p)))
 		}
 	}
 	if pipe, ok := s.dialect.(TxPipeliner[TTx]); ok && !c.deferred {

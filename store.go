@@ -102,7 +102,7 @@ func (s *Store[TTx]) complete(ctx context.Context, exec Executor, tx *TTx, c *Cl
 func (s *Store[TTx]) completeTx(ctx context.Context, tx TTx, c *Claim, status Status, resp *Response) error {
 	if dc, ok := s.dialect.(DeferredClaimer[TTx]); ok && c != nil && c.deferred {
 		err := s.completeVia(ctx, &tx, c, status, resp, "complete", func(ctx context.Context, p *CompleteParams) error {
-			return deferredConflict(dc.CompleteDeferred(ctx, tx, deferredParams(c, p)))
+			return deferredConflict(dc.CompleteDeferred(ctx, tx, s.deferredParams(c, p)))
 		})
 		if err == nil {
 			// The record exists now: a later completion or release of c
@@ -162,8 +162,11 @@ func (s *Store[TTx]) completeParams(ctx context.Context, tx *TTx, c *Claim, stat
 
 // deferredParams are the parameters of the completion p of the deferred
 // claim c.
-func deferredParams(c *Claim, p *CompleteParams) *CompleteDeferredParams {
-	return &CompleteDeferredParams{CompleteParams: *p, Fingerprint: c.fingerprint, CreatedAt: c.createdAt, LeaseExpiresAt: c.LeaseExpiresAt}
+func (s *Store[TTx]) deferredParams(c *Claim, p *CompleteParams) *CompleteDeferredParams {
+	return &CompleteDeferredParams{
+		CompleteParams: *p, Fingerprint: c.fingerprint, CreatedAt: c.createdAt, LeaseExpiresAt: c.LeaseExpiresAt,
+		WaitTimeout: s.cfg.WaitTimeout,
+	}
 }
 
 // deferredConflict marks ErrFenced from the completion of a deferred claim
@@ -174,6 +177,17 @@ func deferredParams(c *Claim, p *CompleteParams) *CompleteDeferredParams {
 func deferredConflict(err error) error {
 	if errors.Is(err, ErrFenced) {
 		return fmt.Errorf("%w (a record for the key was written without its lock): %w", err, ErrRetryable)
+	}
+	return err
+}
+
+// optimisticConflict marks ErrFenced from the completion of an optimistic
+// claim as retryable: a concurrent claimer of the key committed first. The
+// transaction is rolled back, fn's writes with it; Do's next try finds the
+// record and answers from it.
+func optimisticConflict(err error) error {
+	if errors.Is(err, ErrFenced) {
+		return fmt.Errorf("%w (a concurrent claimer completed the key first): %w", err, ErrRetryable)
 	}
 	return err
 }

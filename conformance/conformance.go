@@ -127,6 +127,11 @@ type Features struct {
 	// and, with DeferredClaims, idem.DeferredTxPipeliner (PostgreSQL); the
 	// suite fails on a mismatch either way.
 	Pipelined bool
+	// OptimisticDo is true when the Dialect must implement
+	// idem.OptimisticClaimer and answer with optimistic claims (package
+	// mysql with WithOptimisticDo): two overlapping Do calls of one key may
+	// both run fn, and exactly one commits.
+	OptimisticDo bool
 }
 
 // Run runs every conformance case against h as parallel subtests of t, in a
@@ -175,6 +180,19 @@ type testCase[TTx any] struct {
 // concurrentWriters holds for dialects where two transactions can write at
 // once, so one can wait inside its transaction for the other's claim.
 func concurrentWriters(f Features) bool { return !f.SingleWriter }
+
+// optimisticDo selects the cases of optimistic claims.
+func optimisticDo(f Features) bool { return f.OptimisticDo }
+
+// entriesWhileHeld is how often a Do whose key another transaction holds
+// enters its callback before it answers: never when it waits before fn;
+// once with optimistic claims, whose callback runs and is rolled back.
+func entriesWhileHeld(f Features) int {
+	if f.OptimisticDo {
+		return 1
+	}
+	return 0
+}
 
 // cases lists the suite in a fixed order, grouped by concern.
 func cases[TTx any]() []testCase[TTx] {

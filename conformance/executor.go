@@ -35,6 +35,7 @@ func executorCases[TTx any]() []testCase[TTx] {
 	all = append(all, executorErrorCases[TTx]()...)
 	all = append(all, executorMigrateCases[TTx]()...)
 	all = append(all, executorDeferredCases[TTx]()...)
+	all = append(all, executorOptimisticCases[TTx]()...)
 	return all
 }
 

@@ -257,7 +257,8 @@ func testDoInProgressLeavesNothingToRollBack[TTx any](t *testing.T, h Harness[TT
 	var ip *idem.InProgressError
 	require.ErrorAs(t, err, &ip)
 	require.False(t, ip.TxAborted)
-	require.Zero(t, calls.get())
+	require.Equal(t, entriesWhileHeld(h.Features()), calls.get())
+	require.Zero(t, b.orders(ctx, t, key), "the in-progress Do committed its callback's writes")
 }
 
 // staleCases cover a stale lease met inside a caller's transaction, where

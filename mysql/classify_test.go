@@ -80,7 +80,7 @@ func TestClassify(t *testing.T) {
 // dialect classified callback errors, the victim got a raw 1213.
 func TestDoRetriesDeadlockOfCallback(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, idemmysql.New, true)
+	ctx, b := setup(t, newPlain, true)
 	_, err := b.db.ExecContext(ctx, `CREATE TABLE stock (id INT PRIMARY KEY, n INT NOT NULL) ENGINE = InnoDB`)
 	require.NoError(t, err)
 	_, err = b.db.ExecContext(ctx, `INSERT INTO stock VALUES (1, 0), (2, 0)`)

@@ -68,10 +68,32 @@ func TestConformancePiped(t *testing.T) {
 	}
 }
 
+// TestConformanceOptimistic runs the suite on Dialects made with
+// WithOptimisticDo, on both ways of bounding a lock wait, through pools
+// of NewConnector (MariaDB: the read with START TRANSACTION, the insert
+// with COMMIT) and of the plain driver (every statement apart).
+func TestConformanceOptimistic(t *testing.T) {
+	t.Parallel()
+	for _, p := range optimisticPaths {
+		for _, piped := range []bool{true, false} {
+			name := p.name
+			if piped {
+				name += "Piped"
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				h := newHarness(t, p.name)
+				h.piped, h.optimistic = piped, true
+				conformance.Run(t, h)
+			})
+		}
+	}
+}
+
 // claimPath returns the constructor of the claim path named name in claimPaths.
 func claimPath(t *testing.T, name string) func(*sql.DB) *idemmysql.Dialect {
 	t.Helper()
-	for _, p := range claimPaths {
+	for _, p := range append(claimPaths[:len(claimPaths):len(claimPaths)], optimisticPaths...) {
 		if p.name == name {
 			return p.new
 		}
@@ -112,6 +134,8 @@ type harness struct {
 	serverPrepared bool
 	// piped opens the Dialect's pool with NewConnector.
 	piped bool
+	// optimistic: the Dialect was made with WithOptimisticDo.
+	optimistic bool
 }
 
 var _ conformance.Harness[*sql.Tx] = (*harness)(nil)
@@ -182,7 +206,8 @@ func (h *harness) Features() conformance.Features {
 		// The dialect pipelines (NewConnector's pools send Do's BEGIN with
 		// the claim and its COMMIT with the completion; other pools send
 		// them apart), but holds no key without its row.
-		Pipelined: true,
+		Pipelined:    true,
+		OptimisticDo: h.optimistic,
 	}
 }
 

@@ -144,6 +144,16 @@
 // caller's snapshot, as an UPDATE does in InnoDB: a holder that completed
 // or renewed a moment earlier keeps its record.
 //
+// # Optimistic Do
+//
+// With [WithOptimisticDo], [idem.Store.Do] claims a free key with a plain
+// read and nothing else, and its completion inserts the finished record
+// and commits: one row version where the default claim writes two, and no
+// lock while fn runs. Two overlapping calls of one key then both run fn;
+// the database's primary key lets one commit, and the other is rolled back
+// and replays it (see the option, and docs/design.md). Everything else
+// (ClaimTx, Claim, leases, replays) is unchanged.
+//
 // # Deadlocks and other conflicts
 //
 // When several transactions wait for the same uncommitted claim and its

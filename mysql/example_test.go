@@ -37,6 +37,41 @@ func ExampleNewConnector() {
 	_ = store
 }
 
+// ExampleWithOptimisticDo makes Store.Do claim a free key with a plain read
+// and complete with one insert, for a service whose requests rarely share a
+// key at the same moment: two that do both run the callback, and the one
+// that commits second is rolled back and replays the first. It needs a
+// server, so it only compiles here.
+func ExampleWithOptimisticDo() {
+	cfg, err := mysql.ParseDSN("app@tcp(127.0.0.1:3306)/app?parseTime=true&readTimeout=30s&writeTimeout=30s")
+	if err != nil {
+		log.Fatal(err)
+	}
+	connector, err := idemmysql.NewConnector(cfg) // the read with START TRANSACTION, the insert with COMMIT
+	if err != nil {
+		log.Fatal(err)
+	}
+	db := sql.OpenDB(connector)
+	defer db.Close()
+	store, err := idem.New(idemmysql.New(db, idemmysql.WithOptimisticDo()), nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := store.Do(context.Background(), "tenant-1/orders", "key-from-the-client", idem.Fingerprint{},
+		func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+			// Writes through tx only: the callback may run in two overlapping
+			// calls, and only one of them commits.
+			if _, err := tx.ExecContext(ctx, "INSERT INTO orders (ref) VALUES (?)", "key-from-the-client"); err != nil {
+				return nil, err
+			}
+			return &idem.Response{StatusCode: 201, Body: []byte(`{"ok":true}`)}, nil
+		})
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = res.Replayed
+}
+
 // Example wires idem into a database/sql application on MySQL or MariaDB:
 // migrate at start-up, then claim the key inside the transaction that writes
 // the order, so the order and the stored response commit together or not at

@@ -6,8 +6,8 @@ import "database/sql"
 // the way it does on MySQL 8 (session variable set and restored around the
 // claim) whatever the server, so that path runs against MariaDB too, which
 // accepts its statements.
-func NewSessionVariablePath(db *sql.DB) *Dialect {
-	d := New(db)
+func NewSessionVariablePath(db *sql.DB, opts ...Option) *Dialect {
+	d := New(db, opts...)
 	d.server.Store(&serverInfo{mariaDB: false})
 	return d
 }

@@ -37,6 +37,8 @@ type Dialect struct {
 	// WaitTimeout is usually one value per Dialect.
 	prefix   atomic.Pointer[waitPrefix]
 	claimSQL atomic.Pointer[claimStatements]
+	// optimistic is set by WithOptimisticDo.
+	optimistic bool
 }
 
 // waitPrefix is the SET STATEMENT prefix for secs seconds.
@@ -107,8 +109,13 @@ var errNilTx = errors.New("idem: mysql: nil *sql.Tx")
 // A pool opened with [NewConnector] saves two round trips in every
 // [idem.Store.Do] on MariaDB; any other pool of the driver works as well,
 // with the round trips database/sql sends.
-func New(db *sql.DB) *Dialect {
+//
+// Options: [WithOptimisticDo].
+func New(db *sql.DB, opts ...Option) *Dialect {
 	d := &Dialect{db: db}
+	for _, o := range opts {
+		o(d)
+	}
 	d.pool = &executor{d: d, h: db, db: db}
 	return d
 }
@@ -656,11 +663,22 @@ type rowScanner interface {
 
 // scanRecord scans recordColumns, then extra, from row.
 func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
+	rec, err := scanRecordOrNull(row, extra...)
+	if err == nil && rec == nil {
+		// NOT NULL columns: only a LEFT JOIN's missing side reads so.
+		return nil, &idem.CorruptRecordError{Reason: "its scope is NULL"}
+	}
+	return rec, err
+}
+
+// scanRecordOrNull scans recordColumns, then extra, from row, and returns
+// a nil record when they are NULL, the missing side of a LEFT JOIN.
+func scanRecordOrNull(row rowScanner, extra ...any) (*idem.Record, error) {
 	var (
 		scope, key, fingerprint, header, body         []byte
-		status                                        idem.Status
-		token                                         int64
-		attempt                                       int
+		status                                        sql.Null[idem.Status]
+		token                                         sql.NullInt64
+		attempt                                       sql.NullInt64
 		responseStatus                                sql.NullInt64
 		leaseExpires, created, updated, done, expires dbTime
 	)
@@ -672,12 +690,15 @@ func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
 	}
+	if scope == nil {
+		return nil, nil
+	}
 	rec := &idem.Record{
 		Scope:          string(scope),
 		Key:            string(key),
-		Status:         status,
-		Token:          token,
-		Attempt:        attempt,
+		Status:         status.V,
+		Token:          token.Int64,
+		Attempt:        int(attempt.Int64),
 		LeaseExpiresAt: leaseExpires.Time,
 		CreatedAt:      created.Time,
 		UpdatedAt:      updated.Time,
@@ -688,7 +709,7 @@ func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
 		return nil, &idem.CorruptRecordError{Reason: fmt.Sprintf("its fingerprint has %d bytes, want %d", len(fingerprint), len(rec.Fingerprint))}
 	}
 	copy(rec.Fingerprint[:], fingerprint)
-	if status.Final() {
+	if rec.Status.Final() {
 		h, err := codec.DecodeHeader(header)
 		if err != nil {
 			// The decoder's message may quote stored bytes: kept as the cause only.

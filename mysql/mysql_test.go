@@ -27,8 +27,23 @@ var claimPaths = []struct {
 	name string
 	new  func(*sql.DB) *idemmysql.Dialect
 }{
-	{"Detected", idemmysql.New},
-	{"SessionVariable", idemmysql.NewSessionVariablePath},
+	{"Detected", newPlain},
+	{"SessionVariable", func(db *sql.DB) *idemmysql.Dialect { return idemmysql.NewSessionVariablePath(db) }},
+}
+
+// newPlain is New without options.
+func newPlain(db *sql.DB) *idemmysql.Dialect { return idemmysql.New(db) }
+
+// optimisticPaths are the Dialects of WithOptimisticDo, on both ways of
+// bounding a lock wait; claimPath finds them too.
+var optimisticPaths = []struct {
+	name string
+	new  func(*sql.DB) *idemmysql.Dialect
+}{
+	{"Optimistic", func(db *sql.DB) *idemmysql.Dialect { return idemmysql.New(db, idemmysql.WithOptimisticDo()) }},
+	{"OptimisticSessionVariable", func(db *sql.DB) *idemmysql.Dialect {
+		return idemmysql.NewSessionVariablePath(db, idemmysql.WithOptimisticDo())
+	}},
 }
 
 // bundle is a fresh namespace and a dialect over its pool.
@@ -304,7 +319,7 @@ func TestDatabaseClockIsUTC(t *testing.T) {
 // accent-insensitive database default.
 func TestKeysAreByteExact(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, idemmysql.New, true)
+	ctx, b := setup(t, newPlain, true)
 	_, err := b.db.ExecContext(ctx, "ALTER DATABASE "+b.name+" COLLATE utf8mb4_general_ci")
 	require.NoError(t, err)
 	store := b.store(t, nil)
@@ -335,7 +350,7 @@ func TestErrorClassification(t *testing.T) {
 
 	t.Run("LockWaitTimeoutOutsideClaimIsRetryable", func(t *testing.T) {
 		t.Parallel()
-		ctx, b := setup(t, idemmysql.New, true)
+		ctx, b := setup(t, newPlain, true)
 		holder := b.begin(ctx, t)
 		p := claimParams("k")
 		_, err := b.d.Tx(holder).Claim(ctx, p)
@@ -357,7 +372,7 @@ func TestErrorClassification(t *testing.T) {
 
 	t.Run("KilledConnectionIsUnavailable", func(t *testing.T) {
 		t.Parallel()
-		ctx, b := setup(t, idemmysql.New, true)
+		ctx, b := setup(t, newPlain, true)
 		tx := b.begin(ctx, t)
 		var id int64
 		require.NoError(t, tx.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id))
@@ -485,7 +500,7 @@ var pinnedNow = time.Date(2031, 5, 6, 7, 8, 9, 123456789, time.FixedZone("X", 5*
 // snapshot.
 func TestRenewLeaseInOldSnapshot(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, idemmysql.New, true)
+	ctx, b := setup(t, newPlain, true)
 	now := pinnedNow
 	cp := claimParams("k")
 	cp.Now = &now
@@ -531,7 +546,7 @@ func TestDeleteExpiredSkipsHeldRows(t *testing.T) {
 
 	t.Run("RowsLockedForUpdate", func(t *testing.T) {
 		t.Parallel()
-		ctx, b := setup(t, idemmysql.New, true)
+		ctx, b := setup(t, newPlain, true)
 		b.seed(ctx, t,
 			completed("e1", at, at.Add(-3*time.Minute)),
 			completed("e2", at, at.Add(-2*time.Minute)),
@@ -561,7 +576,7 @@ func TestDeleteExpiredSkipsHeldRows(t *testing.T) {
 // large enough for the optimizer to prefer the indexes.
 func TestLeaseAndReaperStatementsUseTheirIndexes(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, idemmysql.New, true) // interpolated: EXPLAIN gets the values
+	ctx, b := setup(t, newPlain, true) // interpolated: EXPLAIN gets the values
 	now := pinnedNow
 	at := now.UTC().Truncate(time.Microsecond)
 	recs := make([]seedRecord, 0, 1200)
@@ -1027,7 +1042,7 @@ func TestCancelledWaitLeavesNothing(t *testing.T) {
 // the key over.
 func TestConcurrentTakeoversOfExpiredKey(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, idemmysql.New, true)
+	ctx, b := setup(t, newPlain, true)
 	cp := claimAt(ctx, t, b.d.DB(), "k", stateCompleted, pinnedNow)
 	now := pinnedNow.Add(2 * time.Hour)
 	tx1, tx2 := b.begin(ctx, t), b.begin(ctx, t)
@@ -1066,7 +1081,7 @@ func TestConcurrentTakeoversOfExpiredKey(t *testing.T) {
 // before 10.6.18/10.11.8).
 func TestChangedSinceSnapshotIsRetryable(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, idemmysql.New, true)
+	ctx, b := setup(t, newPlain, true)
 	store := b.store(t, nil)
 	c, err := store.Claim(ctx, "t1/create", "k", idem.NewFingerprint())
 	require.NoError(t, err)

@@ -15,7 +15,7 @@ import (
 // only as 503s on the first requests.
 func TestCheckParseTime(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, idemmysql.New, true)
+	ctx, b := setup(t, newPlain, true)
 	require.NoError(t, b.store(t, nil).Check(ctx))
 
 	s := testServer(t)
@@ -36,7 +36,7 @@ func TestCheckParseTime(t *testing.T) {
 // The digest look-up reads idempotency_keys_digest_idx, not the table.
 func TestOpsDigestPlan(t *testing.T) {
 	t.Parallel()
-	ctx, b := setup(t, idemmysql.New, true)
+	ctx, b := setup(t, newPlain, true)
 	d := digest.Sum("acme POST /orders", "k")
 	plan := explain(ctx, t, b.db, idemmysql.OpsFindDigest, d[:])
 	require.Len(t, plan, 1)

@@ -53,6 +53,8 @@
 //	bare      BEGIN; the shape's statements; COMMIT: the business transaction alone
 //	tx        BEGIN; Store.ClaimTx; the shape; Store.CompleteTx; COMMIT (fresh key)
 //	do        Store.Do with the shape in its callback (fresh key)
+//	doopt     do through a Store of idemmysql.WithOptimisticDo (MySQL/MariaDB only): the
+//	          claim a plain read, the finished record inserted with COMMIT
 //	floor     what no design of Store.Do can do without for a fresh key, without idem's
 //	          code: BEGIN; a primary-key read of a record-shaped row; the shape; the
 //	          INSERT of a finished record; COMMIT, in Do's round trips (PostgreSQL: BEGIN
@@ -122,7 +124,7 @@ const (
 )
 
 var allScenarios = []string{
-	"bare", "tx", "do", "floor", "floortx", "separate", "leased", "replay", "cachedreplay", "get", "pkselect",
+	"bare", "tx", "do", "doopt", "floor", "floortx", "separate", "leased", "replay", "cachedreplay", "get", "pkselect",
 	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http", "httppk", "httpreplay",
 }
 

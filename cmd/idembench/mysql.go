@@ -141,8 +141,14 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			_ = adm.Close()
 			return nil, err
 		}
+		optStore, err := idem.New(idemmysql.New(db, idemmysql.WithOptimisticDo()), b.storeCfg)
+		if err != nil {
+			_ = db.Close()
+			_ = adm.Close()
+			return nil, err
+		}
 		return &pools[*sql.Tx]{
-			store: store, readStore: store, admin: sqlAdmin{adm}, pkSelect: sqlPKSelect(db), storePKSelect: sqlPKSelect(db),
+			store: store, readStore: store, optStore: optStore, admin: sqlAdmin{adm}, pkSelect: sqlPKSelect(db), storePKSelect: sqlPKSelect(db),
 			// floortx runs on the measured pool. floor on a pool of its
 			// own, as many connections, behind the same proxy, open for
 			// its measurements only; the measured pool's idle connections

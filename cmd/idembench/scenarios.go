@@ -62,6 +62,10 @@ type pools[TTx any] struct {
 	// replays from: the baseline of httpreplay (on SQLite, the writers' one
 	// connection; elsewhere pkSelect).
 	storePKSelect func(ctx context.Context, scope, key string) error
+	// optStore is store with optimistic claims in Do
+	// (idemmysql.WithOptimisticDo), on the same pool; nil on the dialects
+	// that have none.
+	optStore *idem.Store[TTx]
 	// admin runs the tool's own statements on the namespace.
 	admin admin
 	// openFloor opens the floor scenarios' runner on these pools, for
@@ -301,6 +305,16 @@ func (l *level[TTx]) scenarios(shape workload.Shape) []*scenario {
 				return lease.CompleteTx(ctx, tx, response)
 			})
 		}},
+	}
+	if opt := l.p.optStore; opt != nil {
+		all = append(all, &scenario{name: "doopt", writes: writesIdem, op: func(ctx context.Context, _ int) error {
+			i := rand.IntN(tenants) //nolint:gosec // workload randomness
+			res, err := opt.Do(ctx, scopes[i], workload.NewKey(), fingerprint, callbacks[i])
+			if err == nil && res.Replayed {
+				err = errors.New("fresh key replayed")
+			}
+			return err
+		}})
 	}
 	all = append(all, l.floorScenarios(insert)...)
 	if l.cfg.wants("hotkeys") && l.hotTurn {

@@ -226,6 +226,13 @@ var goals = []goal{
 		value: over("do", "bare"), floor: over("floor", "bare"), least: 0.55},
 	{name: "MariaDB Do ≥ 0.80× bare", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"order"},
 		value: over("do", "bare"), floor: over("floor", "bare"), least: 0.80},
+	// The same two targets met by Do with idemmysql.WithOptimisticDo.
+	{name: "MariaDB Do ≥ 0.55× bare, optimistic (doopt)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"small"},
+		value: over("doopt", "bare"), floor: over("floor", "bare"), least: 0.55},
+	{name: "MariaDB Do ≥ 0.80× bare, optimistic (doopt)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"order"},
+		value: over("doopt", "bare"), floor: over("floor", "bare"), least: 0.80},
+	{name: "MariaDB Do ≥ 1.1× Redis, optimistic (doopt)", dialects: []string{"mysql"}, rtts: delayed, shapes: bothShapes,
+		value: over("doopt", "redis"), floor: over("floor", "redis"), least: 1.1},
 	// A middleware at the floor is httpplain × floor ÷ bare, beside Do at its floor.
 	{name: "MariaDB middleware ≥ 0.9× Do (http ÷ do)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: bothShapes,
 		value: over("http", "do"), floor: over("httpplain", "bare"), least: 0.9},
