@@ -56,6 +56,16 @@ const optimisticRead = `SELECT ` + recordColumns + `, c.ts
 FROM (SELECT ` + now + ` AS ts) c
 LEFT JOIN idempotency_keys ON scope = ? AND idempotency_key = ?`
 
+// optimisticReadLive is optimisticRead on the server's clock, for a Store
+// without Config.Now: the same answer without the COALESCE and CAST of a
+// NULL argument, which the text protocol of interpolateParams has the
+// server parse and evaluate on every claim.
+//
+// Arguments: scope, key.
+const optimisticReadLive = `SELECT ` + recordColumns + `, c.ts
+FROM (SELECT UTC_TIMESTAMP(6) AS ts) c
+LEFT JOIN idempotency_keys ON scope = ? AND idempotency_key = ?`
+
 // completeInsert is the completion of an optimistic claim: the finished
 // record, every column, in one row version. When the key's record exists,
 // or another transaction has inserted it and then commits, it fails with
@@ -70,12 +80,23 @@ const completeInsert = `INSERT INTO idempotency_keys (
 VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ` + now + `, ` + now + `,
 	DATE_ADD(` + now + `, INTERVAL ? MICROSECOND))`
 
+// completeInsertLive is completeInsert on the server's clock (see
+// optimisticReadLive), evaluated once for the three columns: MariaDB and
+// MySQL evaluate UTC_TIMESTAMP once per statement.
+//
+// Arguments: those of completeInsert without the three nows.
+const completeInsertLive = `INSERT INTO idempotency_keys (
+	scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at,
+	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at)
+VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
+	DATE_ADD(UTC_TIMESTAMP(6), INTERVAL ? MICROSECOND))`
+
 // completeInsertCommit is completeInsert then COMMIT in one compound
 // statement (MariaDB, through NewConnector): the server stops at the
 // insert's error, so a duplicate commits nothing and leaves the
 // transaction open for the Store to roll back.
-func completeInsertCommit(prefix string) string {
-	return "BEGIN NOT ATOMIC\n" + prefix + completeInsert + ";\nCOMMIT;\nEND"
+func completeInsertCommit(prefix, insert string) string {
+	return "BEGIN NOT ATOMIC\n" + prefix + insert + ";\nCOMMIT;\nEND"
 }
 
 var _ idem.OptimisticClaimer[*sql.Tx] = (*Dialect)(nil)
@@ -92,17 +113,21 @@ func (d *Dialect) BeginClaimOptimistic(ctx context.Context, p *idem.ClaimParams)
 	if err != nil {
 		return nil, nil, interpretError(err)
 	}
+	read, args := optimisticReadLive, []any{[]byte(p.Scope), []byte(p.Key)}
+	if p.Now != nil {
+		read, args = optimisticRead, []any{pinned(p.Now), []byte(p.Scope), []byte(p.Key)}
+	}
 	bctx, qctx := ctx, ctx
 	if d.isPiped() && srv.mariaDB {
 		bctx = context.WithValue(ctx, lazyBeginKey{}, true)
-		qctx = context.WithValue(bctx, firstStatementKey{}, beginWith(optimisticRead))
+		qctx = context.WithValue(bctx, firstStatementKey{}, beginWith(read))
 	}
 	tx, err := d.db.BeginTx(bctx, nil)
 	if err != nil {
 		return nil, nil, interpretError(err)
 	}
 	var clock dbTime
-	rec, err := scanRecordOrNull(tx.QueryRowContext(qctx, optimisticRead, pinned(p.Now), []byte(p.Scope), []byte(p.Key)), &clock)
+	rec, err := scanRecordOrNull(tx.QueryRowContext(qctx, read, args...), &clock)
 	if err != nil {
 		return tx, nil, interpretError(err)
 	}
@@ -139,7 +164,7 @@ func (d *Dialect) CompleteOptimisticCommit(ctx context.Context, tx *sql.Tx, p *i
 	if tx == nil {
 		return errNilTx
 	}
-	args, err := completeInsertArgs(p)
+	stmt, args, err := completeInsertArgs(p)
 	if err != nil {
 		return err
 	}
@@ -150,7 +175,7 @@ func (d *Dialect) CompleteOptimisticCommit(ctx context.Context, tx *sql.Tx, p *i
 	secs := lockWaitSeconds(p.WaitTimeout)
 	if srv.mariaDB && d.isPiped() {
 		cctx := context.WithValue(context.WithoutCancel(ctx), commitsKey{}, true)
-		_, err = tx.ExecContext(cctx, completeInsertCommit(d.waitPrefixFor(secs)), args...)
+		_, err = tx.ExecContext(cctx, completeInsertCommit(d.waitPrefixFor(secs), stmt), args...)
 		if err == nil {
 			_ = tx.Commit() // ends tx on the client only: the statement committed
 			return nil
@@ -160,7 +185,7 @@ func (d *Dialect) CompleteOptimisticCommit(ctx context.Context, tx *sql.Tx, p *i
 		}
 	}
 	insert := func(h dbtx, prefix string) error {
-		_, err := h.ExecContext(ctx, prefix+completeInsert, args...)
+		_, err := h.ExecContext(ctx, prefix+stmt, args...)
 		return err
 	}
 	if srv.mariaDB {
@@ -188,23 +213,30 @@ func optimisticInsertError(err error, wait time.Duration) error {
 	return interpretError(err)
 }
 
-// completeInsertArgs returns the arguments of completeInsert for p. An
-// empty body is stored as an empty value, not NULL, as by Complete.
-func completeInsertArgs(p *idem.CompleteDeferredParams) ([]any, error) {
+// completeInsertArgs returns the completion's statement for p,
+// completeInsert or completeInsertLive, and its arguments. An empty body
+// is stored as an empty value, not NULL, as by Complete.
+func completeInsertArgs(p *idem.CompleteDeferredParams) (string, []any, error) {
 	resp := p.Response
 	if resp == nil {
 		resp = &idem.Response{}
 	}
 	header, err := codec.EncodeHeader(resp.Header)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
+	if p.Now == nil {
+		return completeInsertLive, []any{
+			[]byte(p.Scope), []byte(p.Key), p.Fingerprint[:], p.Status, p.Token, p.LeaseExpiresAt.UTC(),
+			resp.StatusCode, header, body, p.CreatedAt.UTC(), p.Retention.Microseconds(),
+		}, nil
+	}
 	now := pinned(p.Now)
-	return []any{
+	return completeInsert, []any{
 		[]byte(p.Scope), []byte(p.Key), p.Fingerprint[:], p.Status, p.Token, p.LeaseExpiresAt.UTC(),
 		resp.StatusCode, header, body, p.CreatedAt.UTC(), now, now, now, p.Retention.Microseconds(),
 	}, nil
