@@ -37,6 +37,9 @@ type Dialect struct {
 	// WaitTimeout is usually one value per Dialect.
 	prefix   atomic.Pointer[waitPrefix]
 	claimSQL atomic.Pointer[claimStatements]
+	// insertCommitSQL caches, likewise, the optimistic Do's last
+	// completeInsertCommit text.
+	insertCommitSQL atomic.Pointer[insertCommitText]
 	// optimistic is set by WithOptimisticDo.
 	optimistic bool
 }

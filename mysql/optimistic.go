@@ -99,6 +99,22 @@ func completeInsertCommit(prefix, insert string) string {
 	return "BEGIN NOT ATOMIC\n" + prefix + insert + ";\nCOMMIT;\nEND"
 }
 
+// insertCommitText is a completeInsertCommit text and what it was built of.
+type insertCommitText struct {
+	prefix, insert, text string
+}
+
+// completeInsertCommitFor returns completeInsertCommit(prefix, insert),
+// built once per lock wait bound and clock form rather than per call.
+func (d *Dialect) completeInsertCommitFor(prefix, insert string) string {
+	if c := d.insertCommitSQL.Load(); c != nil && c.prefix == prefix && c.insert == insert {
+		return c.text
+	}
+	c := &insertCommitText{prefix: prefix, insert: insert, text: completeInsertCommit(prefix, insert)}
+	d.insertCommitSQL.Store(c)
+	return c.text
+}
+
 var _ idem.OptimisticClaimer[*sql.Tx] = (*Dialect)(nil)
 
 // BeginClaimOptimistic implements [idem.OptimisticClaimer] for a Dialect
@@ -175,7 +191,7 @@ func (d *Dialect) CompleteOptimisticCommit(ctx context.Context, tx *sql.Tx, p *i
 	secs := lockWaitSeconds(p.WaitTimeout)
 	if srv.mariaDB && d.isPiped() {
 		cctx := context.WithValue(context.WithoutCancel(ctx), commitsKey{}, true)
-		_, err = tx.ExecContext(cctx, completeInsertCommit(d.waitPrefixFor(secs), stmt), args...)
+		_, err = tx.ExecContext(cctx, d.completeInsertCommitFor(d.waitPrefixFor(secs), stmt), args...)
 		if err == nil {
 			_ = tx.Commit() // ends tx on the client only: the statement committed
 			return nil
