@@ -113,18 +113,8 @@ func testExecutorDeferredClaimFree[TTx any](t *testing.T, h Harness[TTx]) {
 		p.Now = at(0)
 		tx, res, err := path.claim(ctx, t, p)
 		require.NoError(t, err, path.name)
-		require.True(t, res.Created, path.name)
-		require.Equal(t, exClock, res.Now, path.name)
+		requireCreatedAt0(t, p, res, path.name)
 		rec := res.Record
-		require.Equal(t, p.Scope, rec.Scope)
-		require.Equal(t, p.Key, rec.Key)
-		require.Equal(t, p.Token, rec.Token)
-		require.True(t, rec.Fingerprint.Equal(p.Fingerprint))
-		require.Equal(t, idem.StatusProcessing, rec.Status)
-		require.Equal(t, 1, rec.Attempt)
-		require.Equal(t, exClock, rec.CreatedAt)
-		require.Equal(t, exClock.Add(p.LeaseDuration), rec.LeaseExpiresAt)
-		require.Equal(t, exClock.Add(p.Retention), rec.ExpiresAt)
 		_, err = b.d.Tx(tx).Get(ctx, &idem.GetParams{Scope: p.Scope, Key: p.Key, Now: &longAgo})
 		require.ErrorIs(t, err, idem.ErrNotFound, "%s: a deferred claim writes nothing, even in its transaction", path.name)
 		require.False(t, b.exists(ctx, t, p.Key), path.name)
@@ -132,22 +122,49 @@ func testExecutorDeferredClaimFree[TTx any](t *testing.T, h Harness[TTx]) {
 
 		c := completeDeferredOf(p, rec, at(time.Second))
 		require.NoError(t, path.completeCommit(ctx, tx, c), path.name)
-		done := b.record(ctx, t, p)
-		require.Equal(t, idem.StatusSucceeded, done.Status)
-		require.Equal(t, p.Token, done.Token)
-		require.True(t, done.Fingerprint.Equal(p.Fingerprint))
-		require.Equal(t, 1, done.Attempt)
-		require.Equal(t, exClock, done.CreatedAt, "the claim's time, not the completion's")
-		require.Equal(t, exClock.Add(p.LeaseDuration), done.LeaseExpiresAt)
-		require.Equal(t, exClock.Add(time.Second), done.CompletedAt)
-		require.Equal(t, exClock.Add(time.Second), done.UpdatedAt)
-		require.Equal(t, exClock.Add(time.Second+c.Retention), done.ExpiresAt)
-		require.Equal(t, c.Response.StatusCode, done.Response.StatusCode)
-		require.Equal(t, []byte("done"), done.Response.Body)
+		requireFinishedAt1s(t, b.record(ctx, t, p), p, c, path.name)
 		n, err := b.ns.CountOrders(ctx, p.Key)
 		require.NoError(t, err)
 		require.Equal(t, 1, n, "%s: the business row committed with the record", path.name)
 	}
+}
+
+// requireCreatedAt0 asserts that res is a deferred or optimistic claim of
+// p's free key at exClock: Created, with the record its completion will
+// insert.
+func requireCreatedAt0(t *testing.T, p *idem.ClaimParams, res *idem.ClaimResult, what string) {
+	t.Helper()
+	require.True(t, res.Created, what)
+	require.Equal(t, exClock, res.Now, what)
+	rec := res.Record
+	require.Equal(t, p.Scope, rec.Scope, what)
+	require.Equal(t, p.Key, rec.Key, what)
+	require.Equal(t, p.Token, rec.Token, what)
+	require.True(t, rec.Fingerprint.Equal(p.Fingerprint), what)
+	require.Equal(t, idem.StatusProcessing, rec.Status, what)
+	require.Equal(t, 1, rec.Attempt, what)
+	require.Equal(t, exClock, rec.CreatedAt, what)
+	require.Equal(t, exClock.Add(p.LeaseDuration), rec.LeaseExpiresAt, what)
+	require.Equal(t, exClock.Add(p.Retention), rec.ExpiresAt, what)
+}
+
+// requireFinishedAt1s asserts that done is the record the completion c of
+// the claim p, made one second after exClock, inserted: the claim's token,
+// fingerprint, creation time and lease, the completion's times, retention
+// and response.
+func requireFinishedAt1s(t *testing.T, done *idem.Record, p *idem.ClaimParams, c *idem.CompleteDeferredParams, what string) {
+	t.Helper()
+	require.Equal(t, idem.StatusSucceeded, done.Status, what)
+	require.Equal(t, p.Token, done.Token, what)
+	require.True(t, done.Fingerprint.Equal(p.Fingerprint), what)
+	require.Equal(t, 1, done.Attempt, what)
+	require.Equal(t, exClock, done.CreatedAt, "%s: the claim's time, not the completion's", what)
+	require.Equal(t, exClock.Add(p.LeaseDuration), done.LeaseExpiresAt, what)
+	require.Equal(t, exClock.Add(time.Second), done.CompletedAt, what)
+	require.Equal(t, exClock.Add(time.Second), done.UpdatedAt, what)
+	require.Equal(t, exClock.Add(time.Second+c.Retention), done.ExpiresAt, what)
+	require.Equal(t, c.Response.StatusCode, done.Response.StatusCode, what)
+	require.Equal(t, []byte("done"), done.Response.Body, what)
 }
 
 // testExecutorDeferredClaimExisting: a deferred claim of a key with a

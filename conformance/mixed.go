@@ -161,27 +161,36 @@ func testDoHolderMakesClaimTxWait[TTx any](t *testing.T, h Harness[TTx]) {
 	<-entered
 
 	if h.Features().OptimisticDo {
-		doHolderWithoutLock(ctx, t, b, key, proceed, done, &calls)
-		return
-	}
-	tx := b.begin(ctx, t)
-	start := time.Now()
-	_, err := b.store.ClaimTx(ctx, tx, "t1/pay", key, fp("x"))
-	require.ErrorIs(t, err, idem.ErrInProgress, "a ClaimTx must not acquire a key Do holds")
-	require.GreaterOrEqual(t, time.Since(start), 250*time.Millisecond, "the ClaimTx must have waited for Do's transaction")
-	require.NoError(t, b.ns.Dialect.Rollback(ctx, tx))
+		// Do holds nothing while its callback runs: a ClaimTx acquires at
+		// once, and Do commits once it has rolled back.
+		tx := b.begin(ctx, t)
+		start := time.Now()
+		c, err := b.store.ClaimTx(ctx, tx, "t1/pay", key, fp("x"))
+		require.NoError(t, err)
+		require.True(t, c.Acquired(), "an optimistic Do holds no lock while its callback runs")
+		require.Less(t, time.Since(start), 250*time.Millisecond, "the ClaimTx waited for an optimistic Do")
+		require.NoError(t, b.ns.Dialect.Rollback(ctx, tx))
+	} else {
+		tx := b.begin(ctx, t)
+		start := time.Now()
+		_, err := b.store.ClaimTx(ctx, tx, "t1/pay", key, fp("x"))
+		require.ErrorIs(t, err, idem.ErrInProgress, "a ClaimTx must not acquire a key Do holds")
+		require.GreaterOrEqual(t, time.Since(start), 250*time.Millisecond, "the ClaimTx must have waited for Do's transaction")
+		require.NoError(t, b.ns.Dialect.Rollback(ctx, tx))
 
-	c, err := b.store.Claim(ctx, "t1/pay", key, fp("x"))
-	require.ErrorIs(t, err, idem.ErrInProgress, "a pool Claim must not acquire a key Do holds")
-	require.Nil(t, c)
+		c, err := b.store.Claim(ctx, "t1/pay", key, fp("x"))
+		require.ErrorIs(t, err, idem.ErrInProgress, "a pool Claim must not acquire a key Do holds")
+		require.Nil(t, c)
+	}
 
 	close(proceed)
 	require.NoError(t, <-done)
 	tx2 := b.begin(ctx, t)
-	c, err = b.store.ClaimTx(ctx, tx2, "t1/pay", key, fp("x"))
+	c, err := b.store.ClaimTx(ctx, tx2, "t1/pay", key, fp("x"))
 	require.NoError(t, err)
 	require.False(t, c.Acquired())
 	requireSameResponse(t, orderResponse(key), c.Replay.Response)
+	require.NoError(t, b.ns.Dialect.Rollback(ctx, tx2))
 	require.Equal(t, 1, calls.get())
 	require.Equal(t, 1, b.orders(ctx, t, key))
 }
@@ -245,30 +254,6 @@ func testDoReplaysWhileTxReplays[TTx any](t *testing.T, h Harness[TTx]) {
 	require.True(t, res.Replayed)
 	require.Less(t, time.Since(start), 500*time.Millisecond, "Do's replay must not wait for another replayer")
 	require.Equal(t, 1, calls.get())
-}
-
-// doHolderWithoutLock is testDoHolderMakesClaimTxWait for optimistic
-// claims, from the moment Do's callback is running: Do holds nothing yet,
-// so a ClaimTx acquires at once; once it has rolled back, Do commits.
-func doHolderWithoutLock[TTx any](ctx context.Context, t *testing.T, b *bundle[TTx], key string, proceed chan struct{}, done chan error, calls *counter) {
-	tx := b.begin(ctx, t)
-	start := time.Now()
-	c, err := b.store.ClaimTx(ctx, tx, "t1/pay", key, fp("x"))
-	require.NoError(t, err)
-	require.True(t, c.Acquired(), "an optimistic Do holds no lock while its callback runs")
-	require.Less(t, time.Since(start), 250*time.Millisecond, "the ClaimTx waited for an optimistic Do")
-	require.NoError(t, b.ns.Dialect.Rollback(ctx, tx))
-
-	close(proceed)
-	require.NoError(t, <-done)
-	tx2 := b.begin(ctx, t)
-	c, err = b.store.ClaimTx(ctx, tx2, "t1/pay", key, fp("x"))
-	require.NoError(t, err)
-	require.False(t, c.Acquired())
-	requireSameResponse(t, orderResponse(key), c.Replay.Response)
-	require.NoError(t, b.ns.Dialect.Rollback(ctx, tx2))
-	require.Equal(t, 1, calls.get())
-	require.Equal(t, 1, b.orders(ctx, t, key))
 }
 
 // testOptimisticLoserReplays: two Do calls of one key overlap; the second
