@@ -24,4 +24,6 @@ BEGIN
   END IF;
   RETURN QUERY SELECT * FROM idemexp.idempotency_keys WHERE scope = p_scope AND idempotency_key = p_key;
 END $$;
+CREATE FUNCTION claim_read_sql(p_scope text, p_key text, locked boolean) RETURNS SETOF idempotency_keys
+LANGUAGE sql VOLATILE AS $$ SELECT * FROM idemexp.idempotency_keys WHERE scope = p_scope AND idempotency_key = p_key $$;
 -- afterwards: DROP SCHEMA idemexp CASCADE;
