@@ -78,6 +78,8 @@
 //	redis     go-redis SetNX (SET key NX EX) in Redis; the bare transaction; SET key response
 //	httpplain POST /orders over loopback to a handler running the bare transaction
 //	http      the same through idemhttp's middleware; compared with httpplain
+//	httpopt   http through a middleware over doopt's Store (MySQL/MariaDB only); compared
+//	          with httpplain
 //	httppk    POST over loopback (the same request) to a handler answering from a
 //	          plain primary-key SELECT of a seeded record: the baseline of httpreplay
 //	httpreplay POST /orders through the middleware with a key completed before
@@ -125,7 +127,7 @@ const (
 
 var allScenarios = []string{
 	"bare", "tx", "do", "doopt", "floor", "floortx", "separate", "leased", "replay", "cachedreplay", "get", "pkselect",
-	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http", "httppk", "httpreplay",
+	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http", "httpopt", "httppk", "httpreplay",
 }
 
 // config is the parsed command line.

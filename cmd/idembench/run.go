@@ -167,8 +167,8 @@ func runLevel[TTx any](ctx context.Context, l *level[TTx], res *dialectResult, r
 		l.redisAdmin = newRedisClient(cfg.redisAddr, 1)
 		defer func() { _ = l.redisAdmin.Close() }()
 	}
-	if cfg.wants("http") || cfg.wants("httpplain") || cfg.wants("httppk") || cfg.wants("httpreplay") {
-		srv, err := newHTTPServer(l.p.store, b.business, l.p.storePKSelect)
+	if cfg.wants("http") || cfg.wants("httpopt") || cfg.wants("httpplain") || cfg.wants("httppk") || cfg.wants("httpreplay") {
+		srv, err := newHTTPServer(l.p.store, l.p.optStore, b.business, l.p.storePKSelect)
 		if err != nil {
 			return err
 		}

@@ -542,13 +542,14 @@ func countRedisKeys(ctx context.Context, rc *redis.Client, prefix string) (done,
 }
 
 // httpScenarios post orders of shape to the test server: through the
-// middleware (http) and to the same handler without it (httpplain); and
-// replays through the middleware (httpreplay) beside a plain read endpoint
+// middleware (http; httpopt over the optimistic Store where the dialect
+// has one) and to the same handler without it (httpplain); and replays
+// through the middleware (httpreplay) beside a plain read endpoint
 // (httppk).
 func (l *level[TTx]) httpScenarios(shape workload.Shape) []*scenario {
 	plain, idem := "/plain/"+string(shape)+"/orders", "/idem/"+string(shape)+"/orders"
 	replayKeys := make([]string, 200)
-	return []*scenario{
+	all := []*scenario{
 		{name: "httpplain", writes: writesPlain, op: func(ctx context.Context, _ int) error {
 			_, err := l.post(ctx, plain, workload.NewKey(), http.StatusCreated)
 			return err
@@ -580,6 +581,14 @@ func (l *level[TTx]) httpScenarios(shape workload.Shape) []*scenario {
 				return err
 			}},
 	}
+	if l.p.optStore != nil {
+		opt := "/idemopt/" + string(shape) + "/orders"
+		all = slices.Insert(all, 2, &scenario{name: "httpopt", base: "httpplain", writes: writesIdem, op: func(ctx context.Context, _ int) error {
+			_, err := l.post(ctx, opt, workload.NewKey(), http.StatusCreated)
+			return err
+		}})
+	}
+	return all
 }
 
 // post sends orderRequest to path with key and checks the status.
@@ -614,12 +623,13 @@ func (l *level[TTx]) send(req *http.Request, want int) (http.Header, error) {
 
 var orderRequest = []byte(`{"amount":{"value":"1999","currency":"EUR"},"items":[{"sku":"SKU-1234","qty":2}]}`)
 
-// newHTTPServer serves POST /idem/<shape>/orders through idemhttp and
-// POST /plain/<shape>/orders without it, both running the same business
+// newHTTPServer serves POST /idem/<shape>/orders through idemhttp over s
+// (and POST /idemopt/<shape>/orders over opt, when not nil) and POST
+// /plain/<shape>/orders without it, all running the same business
 // transaction of the shape, and POST /pk/<scope>/<key>, which reads the
 // request and answers the stored response after a plain primary-key
 // SELECT of the record.
-func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) func(context.Context, TTx, string) error,
+func newHTTPServer[TTx any](s, opt *idem.Store[TTx], business func(workload.Shape) func(context.Context, TTx, string) error,
 	pkSelect func(ctx context.Context, scope, key string) error,
 ) (*httptest.Server, error) {
 	write := func(w http.ResponseWriter) {
@@ -628,14 +638,10 @@ func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) fu
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write(response.Body)
 	}
-	mux := http.NewServeMux()
-	mw, err := idemhttp.New(s, nil)
-	if err != nil {
-		return nil, err
-	}
-	for _, shape := range workload.Shapes {
-		insert := business(shape)
-		mux.Handle("POST /idem/"+string(shape)+"/orders", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// protected is the order endpoint behind mw: the business statements
+	// in the middleware's transaction.
+	protected := func(mw *idemhttp.Middleware[TTx], insert func(context.Context, TTx, string) error) http.Handler {
+		return mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			tx, ok := mw.Tx(r.Context())
 			if !ok {
 				http.Error(w, "no transaction", http.StatusInternalServerError)
@@ -646,7 +652,25 @@ func newHTTPServer[TTx any](s *idem.Store[TTx], business func(workload.Shape) fu
 				return
 			}
 			write(w)
-		})))
+		}))
+	}
+	mux := http.NewServeMux()
+	mw, err := idemhttp.New(s, nil)
+	if err != nil {
+		return nil, err
+	}
+	var mwOpt *idemhttp.Middleware[TTx]
+	if opt != nil {
+		if mwOpt, err = idemhttp.New(opt, nil); err != nil {
+			return nil, err
+		}
+	}
+	for _, shape := range workload.Shapes {
+		insert := business(shape)
+		mux.Handle("POST /idem/"+string(shape)+"/orders", protected(mw, insert))
+		if mwOpt != nil {
+			mux.Handle("POST /idemopt/"+string(shape)+"/orders", protected(mwOpt, insert))
+		}
 		mux.HandleFunc("POST /plain/"+string(shape)+"/orders", func(w http.ResponseWriter, r *http.Request) {
 			ctx := r.Context()
 			err := inTx(ctx, s, func(tx TTx) error { return insert(ctx, tx, "http") })

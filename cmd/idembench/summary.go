@@ -238,6 +238,11 @@ var goals = []goal{
 		value: over("http", "do"), floor: over("httpplain", "bare"), least: 0.9},
 	{name: "MariaDB middleware ≥ 0.9× Do, HTTP's own cost taken out ((http÷httpplain) ÷ (do÷bare))", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: bothShapes,
 		value: []term{{"http", 1}, {"httpplain", -1}, {"do", -1}, {"bare", 1}}, least: 0.9},
+	// The same with the optimistic Store under the middleware.
+	{name: "MariaDB middleware ≥ 0.9× Do, optimistic (httpopt ÷ doopt)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: bothShapes,
+		value: over("httpopt", "doopt"), floor: over("httpplain", "bare"), least: 0.9},
+	{name: "MariaDB middleware ≥ 1.1× Redis, optimistic (httpopt ÷ redis)", dialects: []string{"mysql"}, rtts: delayed, shapes: bothShapes,
+		value: over("httpopt", "redis"), floor: []term{{"httpplain", 1}, {"floor", 1}, {"bare", -1}, {"redis", -1}}, least: 1.1},
 	{name: "Do ≥ 0.95× Redis on order, RTT 0", dialects: []string{"postgres", "sqlite"}, rtts: []string{"direct"}, shapes: []string{"order"},
 		value: over("do", "redis"), floor: over("floor", "redis"), least: 0.95},
 	{name: "Do ≥ 0.80× Redis on order, RTT 0", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"order"},
