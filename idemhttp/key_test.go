@@ -67,8 +67,14 @@ func FuzzParseKey(f *testing.F) {
 		f.Add(s)
 	}
 	format := idemhttp.DefaultKeyFormat
+	// The same expression compiled again is not the default format, so
+	// ParseKey matches it with the regexp engine instead of by hand.
+	sameFormat := regexp.MustCompile(format.String())
 	f.Fuzz(func(t *testing.T, value string) {
 		key, code := idemhttp.ParseKey([]string{value}, format)
+		if viaRegexp, regexpCode := idemhttp.ParseKey([]string{value}, sameFormat); viaRegexp != key || regexpCode != code {
+			t.Fatalf("%q: the default format gives %q, %q; the regexp %q, %q", value, key, code, viaRegexp, regexpCode)
+		}
 		if _, twice := idemhttp.ParseKey([]string{value, value}, format); twice != idemhttp.CodeKeyInvalid {
 			t.Fatalf("two header lines accepted: %q", value)
 		}
@@ -87,4 +93,31 @@ func FuzzParseKey(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDefaultKeyFormatByHand: the default format, matched without the regexp
+// engine, accepts exactly what its expression does: every length around the
+// bounds, and every byte at the first, a middle and the last position.
+func TestDefaultKeyFormatByHand(t *testing.T) {
+	sameFormat := regexp.MustCompile(idemhttp.DefaultKeyFormat.String())
+	check := func(v string) {
+		t.Helper()
+		key, code := idemhttp.ParseKey([]string{v}, idemhttp.DefaultKeyFormat)
+		wantKey, wantCode := idemhttp.ParseKey([]string{v}, sameFormat)
+		require.Equal(t, wantCode, code, "%q", v)
+		require.Equal(t, wantKey, key, "%q", v)
+	}
+	for n := 0; n <= 70; n++ {
+		check(strings.Repeat("aZ9_-", 14)[:n])
+	}
+	base := []byte("abcdefghijklmnop")
+	for c := 0; c < 256; c++ {
+		for _, at := range []int{0, len(base) / 2, len(base) - 1} {
+			v := append([]byte(nil), base...)
+			v[at] = byte(c)
+			check(string(v))
+		}
+	}
+	check("abcdefghijklmnop\n")
+	check("abcdefghijklmnopé")
 }
