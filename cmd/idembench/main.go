@@ -26,7 +26,12 @@
 // touches every scenario alike, and each row of the table is the median
 // over the repetitions: ops/s, the p50/p99/p999 latencies, and the
 // throughput relative to bare of the same shape (and to the scenario's own
-// baseline) measured in the same repetition.
+// baseline) measured in the same repetition. With -order alternate (the
+// default) every even repetition runs the scenarios in reverse order
+// (prefill still last): on this machine a scenario measured right after
+// another ran a few percent slower than the same scenario measured first
+// (docs/performance.md, "Scenario order"), so a fixed order favours
+// whichever comes first; run an even number of repetitions to balance it.
 //
 // Shapes (-shape, comma-separated; default small,order; internal/workload,
 // shared with BenchmarkIdem) are the business transaction the writing
@@ -155,10 +160,21 @@ type config struct {
 	keep       bool
 	jsonPath   string
 	runID      string
+	// alternate reverses the scenario order of every even repetition
+	// (-order alternate).
+	alternate bool
 }
 
 // target is one dialect and where to find it.
 type target struct{ dialect, dsn string }
+
+// orderName is -order as given.
+func (c *config) orderName() string {
+	if c.alternate {
+		return "alternate"
+	}
+	return "fixed"
+}
 
 // wants reports whether scenario name was selected.
 func (c *config) wants(name string) bool { return c.scenarios[name] }
@@ -201,7 +217,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		m.Redis = redisVersion(info)
 	}
-	rep := &report{Command: "idembench " + strings.Join(args, " "), Machine: m, Started: time.Now().UTC(), Duration: cfg.duration.String(), Warmup: cfg.warmup.String()}
+	rep := &report{Command: "idembench " + strings.Join(args, " "), Machine: m, Started: time.Now().UTC(), Duration: cfg.duration.String(), Warmup: cfg.warmup.String(), Order: cfg.orderName()}
 	fmt.Fprintln(stdout, m)
 	var errs []error
 	for _, t := range cfg.targets {
@@ -292,6 +308,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&cfg.reaperPause, "reaper-pause", 0, "ReaperConfig.BatchPause of the reaper scenario (0: none, the default)")
 	fs.IntVar(&cfg.reaperBatch, "reaper-batch", 0, "ReaperConfig.BatchSize of the reaper scenario (0: the default, 1000)")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (the tool's side: clients, idem, the HTTP server, SQLite) to this file")
+	order := fs.String("order", "alternate", "scenario order within a repetition: alternate (every even repetition in reverse, prefill still last) or fixed")
 	replayRead := fs.String("replay-read", "auto", "Config.ReplayRead of every store: auto, always (Do reads the key first; do then shows what it costs a new key) or never")
 	fs.IntVar(&cfg.seeds, "seeds", 1000, "completed records restored before every measurement; replay, get and pkselect read them")
 	fs.IntVar(&cfg.hotWorkers, "hot-workers", 100, "workers of the hotkeys scenario")
@@ -347,7 +364,10 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-replay-read %q: want auto, always or never", *replayRead)
 	case cfg.reaperPause < 0 || cfg.reaperBatch < 0:
 		return nil, errors.New("-reaper-pause and -reaper-batch must not be negative")
+	case *order != "alternate" && *order != "fixed":
+		return nil, fmt.Errorf("-order %q: want alternate or fixed", *order)
 	}
+	cfg.alternate = *order == "alternate"
 	if cfg.warmup < 0 {
 		cfg.warmup = min(cfg.duration/5, time.Second)
 	}

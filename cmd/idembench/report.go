@@ -283,11 +283,13 @@ func fmtDur(d time.Duration) string {
 
 // report is what -json writes.
 type report struct {
-	Command  string           `json:"command"`
-	Machine  machine          `json:"machine"`
-	Started  time.Time        `json:"started"`
-	Duration string           `json:"duration_per_measurement"`
-	Warmup   string           `json:"warmup_per_measurement"`
+	Command  string    `json:"command"`
+	Machine  machine   `json:"machine"`
+	Started  time.Time `json:"started"`
+	Duration string    `json:"duration_per_measurement"`
+	Warmup   string    `json:"warmup_per_measurement"`
+	// Order is -order: alternate (every even repetition reversed) or fixed.
+	Order    string           `json:"order"`
 	Dialects []*dialectResult `json:"dialects"`
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -189,6 +190,9 @@ func runLevel[TTx any](ctx context.Context, l *level[TTx], res *dialectResult, r
 		all = append(all, l.scenarios(shape)...)
 	}
 	all = append(all, l.readScenarios()...)
+	if cfg.alternate && rep%2 == 0 {
+		slices.Reverse(all)
+	}
 	if l.pfNS != "" {
 		for _, shape := range cfg.shapes {
 			all = append(all, l.prefillScenario(shape))

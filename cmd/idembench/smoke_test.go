@@ -104,6 +104,56 @@ func TestSmoke(t *testing.T) {
 	require.Empty(t, left)
 }
 
+// TestScenarioOrder checks the order the scenarios run in, from the log:
+// with -order alternate every even repetition reverses it, prefill still
+// last (it closes the main pools); with -order fixed every repetition
+// keeps it.
+func TestScenarioOrder(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		order string
+		want  [][]string // by repetition: shape/scenario in the order run
+	}{
+		{"alternate", [][]string{
+			{"small/bare", "small/do", "/pkselect", "small/prefill"},
+			{"/pkselect", "small/do", "small/bare", "small/prefill"},
+			{"small/bare", "small/do", "/pkselect", "small/prefill"},
+		}},
+		{"fixed", [][]string{
+			{"small/bare", "small/do", "/pkselect", "small/prefill"},
+			{"small/bare", "small/do", "/pkselect", "small/prefill"},
+			{"small/bare", "small/do", "/pkselect", "small/prefill"},
+		}},
+	} {
+		t.Run(tc.order, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			err := run(t.Context(), []string{
+				"-db", "sqlite:" + t.TempDir(), "-workers", "1", "-duration", "50ms", "-warmup", "10ms", "-reps", "3",
+				"-shape", "small", "-prefill", "200", "-seeds", "20", "-scenarios", "bare,do,pkselect,prefill", "-order", tc.order,
+			}, &stdout, &stderr)
+			require.NoError(t, err, "stderr:\n%s", stderr.String())
+			got := make([][]string, 3)
+			for _, line := range strings.Split(stderr.String(), "\n") {
+				// "sqlite rep 2 direct small bare      w=1 ..."; a read
+				// scenario has no shape: "sqlite rep 2 direct       pkselect ...".
+				f := strings.Fields(line)
+				if len(f) < 5 || f[1] != "rep" {
+					continue
+				}
+				rep := int(f[2][0] - '1')
+				require.True(t, rep >= 0 && rep < 3, line)
+				entry := "/" + f[4]
+				if f[4] == "small" {
+					entry = "small/" + f[5]
+				}
+				got[rep] = append(got[rep], entry)
+			}
+			require.Equal(t, tc.want, got, "stderr:\n%s", stderr.String())
+		})
+	}
+}
+
 func testRedisAddr() string {
 	if addr := os.Getenv("IDEM_TEST_REDIS_ADDR"); addr != "" {
 		return addr
@@ -160,6 +210,15 @@ func TestParseFlags(t *testing.T) {
 		{args: []string{"-workers", "0"}, wantErr: "not a positive number"},
 		{args: []string{"-scenarios", "nope"}, wantErr: "unknown scenario"},
 		{args: []string{"-reps", "0"}, wantErr: "-reps"},
+		{args: nil, check: func(t *testing.T, c *config) {
+			t.Helper()
+			require.True(t, c.alternate, "the default order alternates")
+		}},
+		{args: []string{"-order", "fixed"}, check: func(t *testing.T, c *config) {
+			t.Helper()
+			require.False(t, c.alternate)
+		}},
+		{args: []string{"-order", "random"}, wantErr: `-order "random": want alternate or fixed`},
 		{args: []string{"extra"}, wantErr: "unexpected arguments"},
 	} {
 		c, err := parseFlags(tc.args, &bytes.Buffer{})

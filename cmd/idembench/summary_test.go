@@ -113,3 +113,25 @@ func TestSummarizeRefusesNoFilesAndBadJSON(t *testing.T) {
 	require.NoError(t, os.WriteFile(p, []byte("{"), 0o600))
 	require.ErrorContains(t, summarize([]string{p}, &out), "bad.json")
 }
+
+func TestSummarizeOptimisticMiddlewareWithHTTPTakenOut(t *testing.T) {
+	dir := t.TempDir()
+	// Per repetition (httpopt ÷ httpplain) ÷ (doopt ÷ bare) is
+	// (180/400) ÷ (500/1000) = 0.90 and (150/400) ÷ (500/1000) = 0.75.
+	mysql := writeReport(t, dir, "mysql", []row{
+		shaped("direct", "small", "bare", 1000, 1000, 1000),
+		shaped("direct", "small", "doopt", 500, 500, 500),
+		shaped("direct", "small", "httpplain", 400, 400, 400),
+		shaped("direct", "small", "httpopt", 180, 150, 180),
+	})
+	var out bytes.Buffer
+	require.NoError(t, summarize([]string{mysql}, &out))
+	s := out.String()
+	l := lineOf(t, s, "optimistic, HTTP's own cost taken out ((httpopt÷httpplain) ÷ (doopt÷bare))", "small c=8")
+	require.Contains(t, l, "**0.90** [0.75–0.90]")
+	require.True(t, strings.HasSuffix(strings.TrimSpace(l), "| yes |"), l)
+	// httpopt ÷ doopt itself: 0.36 [0.30–0.36], with httpplain ÷ bare (0.40) as its floor.
+	l = lineOf(t, s, "optimistic (httpopt ÷ doopt)", "small c=8")
+	require.Contains(t, l, "**0.36** [0.30–0.36]")
+	require.Contains(t, l, "out of reach")
+}
