@@ -1104,3 +1104,41 @@ func TestChangedSinceSnapshotIsRetryable(t *testing.T) {
 	require.ErrorAs(t, err, &myErr)
 	require.EqualValues(t, 1020, myErr.Number)
 }
+
+// TestReplayReadPastRetentionOnServerClock: with the server's clock (no
+// Config.Now), a first read finds a completed record whose retention ran
+// out and does not replay it: Do runs its callback under a fresh claim.
+// The conformance suite pins the clock (Config.Now); this is the path of
+// almost every Store, GetCompleted's retention predicate on the server's
+// clock, in both protocols.
+func TestReplayReadPastRetentionOnServerClock(t *testing.T) {
+	t.Parallel()
+	for _, interpolate := range []bool{true, false} {
+		t.Run(fmt.Sprintf("interpolate=%v", interpolate), func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, newPlain, interpolate)
+			store := b.store(t, &idem.Config{ReplayRead: idem.ReplayReadAlways, Retention: time.Hour})
+			const scope, key = "t1/create", "past-retention"
+			var calls int
+			fn := func(context.Context, *sql.Tx) (*idem.Response, error) {
+				calls++
+				return &idem.Response{StatusCode: 201, Body: []byte(fmt.Sprintf(`{"call":%d}`, calls))}, nil
+			}
+			_, err := store.Do(ctx, scope, key, idem.NewFingerprint(), fn)
+			require.NoError(t, err)
+			res, err := store.Do(ctx, scope, key, idem.NewFingerprint(), fn)
+			require.NoError(t, err)
+			require.True(t, res.Replayed, "within retention the record replays")
+
+			// A second before the server's now: past retention by the
+			// server's clock, whatever the client's says.
+			_, err = b.db.ExecContext(ctx, "UPDATE idempotency_keys SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE scope = ? AND idempotency_key = ?", scope, key)
+			require.NoError(t, err)
+			res, err = store.Do(ctx, scope, key, idem.NewFingerprint(), fn)
+			require.NoError(t, err)
+			require.False(t, res.Replayed, "past retention the key is free")
+			require.Equal(t, 2, calls)
+			require.JSONEq(t, `{"call":2}`, string(res.Response.Body))
+		})
+	}
+}

@@ -28,10 +28,11 @@
 // throughput relative to bare of the same shape (and to the scenario's own
 // baseline) measured in the same repetition. With -order alternate (the
 // default) every even repetition runs the scenarios in reverse order
-// (prefill still last): on this machine a scenario measured right after
-// another ran a few percent slower than the same scenario measured first
-// (docs/performance.md, "Scenario order"), so a fixed order favours
-// whichever comes first; run an even number of repetitions to balance it.
+// (prefill still last), so that no scenario is always measured in the same
+// place, after the same neighbour: a fixed order lets whatever the one
+// before leaves behind, or a drift within the repetition, fall on the
+// same scenario every time (docs/performance.md, "Scenario order"). Run an
+// even number of repetitions to balance the two orders.
 //
 // Shapes (-shape, comma-separated; default small,order; internal/workload,
 // shared with BenchmarkIdem) are the business transaction the writing
