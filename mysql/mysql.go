@@ -42,6 +42,11 @@ type Dialect struct {
 	insertCommitSQL atomic.Pointer[insertCommitText]
 	// optimistic is set by WithOptimisticDo.
 	optimistic bool
+	// replayStmt is getCompletedLive prepared on db, nil until a prepare
+	// has succeeded (a failed one, the server down, is tried again by the
+	// next replay); replayMu makes that one prepare. See preparedReplay.
+	replayMu   sync.Mutex
+	replayStmt atomic.Pointer[sql.Stmt]
 }
 
 // waitPrefix is the SET STATEMENT prefix for secs seconds.

@@ -1142,3 +1142,73 @@ func TestReplayReadPastRetentionOnServerClock(t *testing.T) {
 		})
 	}
 }
+
+// TestPreparedReplayRead: on the pool and the server's clock the replay read
+// is a prepared statement (queryCompleted). A prepare that failed (here the
+// table is away when the first replay read runs) must not stick, and the read
+// must go on when the server drops the connections it was prepared on. Do
+// falls back to its claim when the read fails, so the read is checked on the
+// pool's executor itself.
+func TestPreparedReplayRead(t *testing.T) {
+	t.Parallel()
+	for _, interpolate := range []bool{true, false} {
+		t.Run(fmt.Sprintf("interpolate=%v", interpolate), func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, newPlain, interpolate)
+			store := b.store(t, &idem.Config{ReplayRead: idem.ReplayReadAlways})
+			reader, ok := b.d.DB().(idem.ReplayReader)
+			require.True(t, ok, "the pool's executor reads replays")
+			const scope, key = "t1/create", "prepared"
+			read := func() (*idem.Record, error) {
+				return reader.GetCompleted(ctx, &idem.GetParams{Scope: scope, Key: key})
+			}
+			var calls int
+			fn := func(context.Context, *sql.Tx) (*idem.Response, error) {
+				calls++
+				return &idem.Response{StatusCode: 201, Body: []byte(`{"id":1}`)}, nil
+			}
+
+			_, err := b.db.ExecContext(ctx, "RENAME TABLE idempotency_keys TO idempotency_keys_away")
+			require.NoError(t, err)
+			_, err = read()
+			require.Error(t, err, "no table, no prepared read")
+			require.NotErrorIs(t, err, idem.ErrNotFound)
+			_, err = b.db.ExecContext(ctx, "RENAME TABLE idempotency_keys_away TO idempotency_keys")
+			require.NoError(t, err)
+			_, err = read()
+			require.ErrorIs(t, err, idem.ErrNotFound, "the failed prepare is tried again")
+
+			res, err := store.Do(ctx, scope, key, idem.NewFingerprint(), fn)
+			require.NoError(t, err)
+			require.False(t, res.Replayed)
+			rec, err := read()
+			require.NoError(t, err)
+			require.Equal(t, idem.StatusSucceeded, rec.Status)
+			require.JSONEq(t, `{"id":1}`, string(rec.Response.Body))
+
+			rows, err := b.admin.QueryContext(ctx, "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ?", b.name)
+			require.NoError(t, err)
+			var ids []int64
+			for rows.Next() {
+				var id int64
+				require.NoError(t, rows.Scan(&id))
+				ids = append(ids, id)
+			}
+			require.NoError(t, rows.Err())
+			require.NotEmpty(t, ids)
+			for _, id := range ids {
+				_, err := b.admin.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id))
+				require.NoError(t, err)
+			}
+			for range 2 * len(ids) {
+				rec, err := read()
+				require.NoError(t, err, "a read after the server dropped the pool's connections")
+				require.JSONEq(t, `{"id":1}`, string(rec.Response.Body))
+				res, err := store.Do(ctx, scope, key, idem.NewFingerprint(), fn)
+				require.NoError(t, err)
+				require.True(t, res.Replayed)
+			}
+			require.Equal(t, 1, calls)
+		})
+	}
+}

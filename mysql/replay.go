@@ -46,15 +46,7 @@ type replayRow struct {
 // body is copied, where Row.Scan would copy all three. A replay is meant to
 // cost what a bare primary-key read costs.
 func (e *executor) GetCompleted(ctx context.Context, p *idem.GetParams) (*idem.Record, error) {
-	var (
-		rows *sql.Rows
-		err  error
-	)
-	if p.Now == nil {
-		rows, err = e.h.QueryContext(ctx, getCompletedLive, []byte(p.Scope), []byte(p.Key))
-	} else {
-		rows, err = e.h.QueryContext(ctx, getCompleted, []byte(p.Scope), []byte(p.Key), pinned(p.Now))
-	}
+	rows, err := e.queryCompleted(ctx, p)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -80,4 +72,51 @@ func (e *executor) GetCompleted(ctx context.Context, p *idem.GetParams) (*idem.R
 		return nil, interpretError(cerr)
 	}
 	return rec, err
+}
+
+// queryCompleted runs the replay read. On the pool and the server's clock,
+// the read Do makes before every claim of a key that is likely a replay, it
+// runs as a prepared statement: the text protocol of interpolateParams makes
+// the server parse and resolve the whole statement on every replay, which
+// cost MariaDB more CPU than reading the row (docs/performance.md, round 8);
+// a prepared one is parsed once per connection. Without interpolateParams,
+// database/sql would otherwise prepare, execute and close it: three round
+// trips where this takes one. A transaction's read (GetTx) and a pinned
+// clock (Config.Now, tests) keep the text statement, which leaves nothing
+// prepared on a connection the caller owns.
+func (e *executor) queryCompleted(ctx context.Context, p *idem.GetParams) (*sql.Rows, error) {
+	switch {
+	case p.Now != nil:
+		return e.h.QueryContext(ctx, getCompleted, []byte(p.Scope), []byte(p.Key), pinned(p.Now))
+	case e.db == nil:
+		return e.h.QueryContext(ctx, getCompletedLive, []byte(p.Scope), []byte(p.Key))
+	}
+	stmt, err := e.d.preparedReplay(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return stmt.QueryContext(ctx, []byte(p.Scope), []byte(p.Key))
+}
+
+// preparedReplay returns getCompletedLive prepared on the pool, preparing it
+// on the first call that succeeds. database/sql prepares it again on each
+// connection it first runs on (one more round trip, once per connection)
+// and drops it with the connection; the server holds one statement per open
+// connection of the pool (max_prepared_stmt_count bounds them server-wide,
+// 16 382 by default).
+func (d *Dialect) preparedReplay(ctx context.Context) (*sql.Stmt, error) {
+	if s := d.replayStmt.Load(); s != nil {
+		return s, nil
+	}
+	d.replayMu.Lock()
+	defer d.replayMu.Unlock()
+	if s := d.replayStmt.Load(); s != nil {
+		return s, nil
+	}
+	s, err := d.db.PrepareContext(ctx, getCompletedLive)
+	if err != nil {
+		return nil, err
+	}
+	d.replayStmt.Store(s)
+	return s, nil
 }
