@@ -32,6 +32,17 @@
 // interpolation could mishandle: keys and scopes are bound as bytes. clientFoundRows may have either
 // value.
 //
+// One statement is prepared whatever the DSN says: the replay read that
+// [idem.Store.Do] (and so the idemhttp middleware) makes on the pool before
+// claiming a key. In the text protocol the server parsed and resolved it on
+// every replay, which cost MariaDB more than reading the row; prepared, it
+// is parsed once per connection. database/sql prepares it on each pool
+// connection the first time it runs there (one more round trip, once) and
+// the server keeps one statement per open connection of the pool, which
+// counts against max_prepared_stmt_count. A proxy between the service and
+// the server must pass prepared statements through, as it must for any pool
+// without interpolateParams.
+//
 //	root@tcp(127.0.0.1:3306)/app?parseTime=true&interpolateParams=true&readTimeout=30s&writeTimeout=30s
 //
 // Set readTimeout and writeTimeout too, well above Config.WaitTimeout and
