@@ -44,8 +44,7 @@ type Dialect struct {
 	optimistic bool
 	// replayStmt is getCompletedLive prepared on db, nil until a prepare
 	// has succeeded (a failed one, the server down, is tried again by the
-	// next replay); replayMu makes that one prepare. See preparedReplay.
-	replayMu   sync.Mutex
+	// next replay). See preparedReplay.
 	replayStmt atomic.Pointer[sql.Stmt]
 }
 

@@ -1209,6 +1209,27 @@ func TestPreparedReplayRead(t *testing.T) {
 				require.True(t, res.Replayed)
 			}
 			require.Equal(t, 1, calls)
+
+			// First reads at once on a fresh Dialect: each may prepare, one
+			// statement is kept, every read answers.
+			fresh, ok := newPlain(b.db).DB().(idem.ReplayReader)
+			require.True(t, ok)
+			var wg sync.WaitGroup
+			errs := make(chan error, 16)
+			for range 16 {
+				wg.Go(func() {
+					rec, err := fresh.GetCompleted(ctx, &idem.GetParams{Scope: scope, Key: key})
+					if err == nil && string(rec.Response.Body) != `{"id":1}` {
+						err = fmt.Errorf("body %q", rec.Response.Body)
+					}
+					errs <- err
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
 		})
 	}
 }

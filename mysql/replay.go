@@ -104,12 +104,12 @@ func (e *executor) queryCompleted(ctx context.Context, p *idem.GetParams) (*sql.
 // and drops it with the connection; the server holds one statement per open
 // connection of the pool (max_prepared_stmt_count bounds them server-wide,
 // 16 382 by default).
+//
+// No lock is held while preparing: a prepare that hangs (the server gone
+// silent) would keep every other replay waiting past its own context. Calls
+// that find nothing prepared each prepare, the first to finish is kept and
+// the others close theirs.
 func (d *Dialect) preparedReplay(ctx context.Context) (*sql.Stmt, error) {
-	if s := d.replayStmt.Load(); s != nil {
-		return s, nil
-	}
-	d.replayMu.Lock()
-	defer d.replayMu.Unlock()
 	if s := d.replayStmt.Load(); s != nil {
 		return s, nil
 	}
@@ -117,6 +117,9 @@ func (d *Dialect) preparedReplay(ctx context.Context) (*sql.Stmt, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.replayStmt.Store(s)
+	if !d.replayStmt.CompareAndSwap(nil, s) {
+		_ = s.Close()
+		return d.replayStmt.Load(), nil
+	}
 	return s, nil
 }
