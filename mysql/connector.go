@@ -94,7 +94,15 @@ type (
 	firstStatementKey struct{}
 	// commitsKey marks a statement that commits the transaction.
 	commitsKey struct{}
+	// preparedKey marks a statement to run prepared on its connection
+	// (see pipeConn.prepared).
+	preparedKey struct{}
 )
+
+// maxConnStmts bounds the statements a connection keeps prepared: idem
+// marks two texts for it (the claim's, one per wait bound in use, and the
+// completion's), so the bound is only a guard.
+const maxConnStmts = 8
 
 // errNoCompound is returned for a statement that commits when the driver
 // cannot send it as text (its interpolated text would exceed
@@ -113,6 +121,50 @@ type pipeConn struct {
 	lazy bool
 	// committed: a statement with commitsKey committed the transaction.
 	committed bool
+	// stmts are the preparedKey statements prepared on this connection, by
+	// text. The server drops them with the connection.
+	stmts map[string]driver.Stmt
+}
+
+// prepared returns query prepared on this connection when ctx marks it
+// with preparedKey, preparing it on first use, and nil otherwise (then the
+// text is sent as before). The statements marked are the claim and the
+// completion in a caller's transaction, which cannot travel with BEGIN or
+// COMMIT: in the text protocol the server parses each of them on every
+// call (docs/performance.md, round 8).
+//
+// Only a server's refusal to prepare (isPrepareRefused) lets the text go
+// instead, and the connection does not try that text again: a server that
+// refuses costs one round trip per connection, not one per call. Any other
+// failure is the statement's and is returned: the prepare is the first
+// command the server sees after the statements before it, so it is where a
+// transaction that was rolled back meanwhile (a deadlock victim; on Galera
+// one another node's write set aborted) reports it. Sending the text after
+// that would run it outside the caller's transaction, which no longer
+// exists: a completion would match no row and be reported fenced, a
+// business statement would commit on its own.
+func (c *pipeConn) prepared(ctx context.Context, query string) (driver.Stmt, error) {
+	if ctx.Value(preparedKey{}) == nil {
+		return nil, nil
+	}
+	if st, ok := c.stmts[query]; ok {
+		return st, nil // nil after a refusal: the text, without trying again
+	}
+	if len(c.stmts) >= maxConnStmts {
+		return nil, nil
+	}
+	st, err := c.driverConn.PrepareContext(ctx, query)
+	if err != nil {
+		if !isPrepareRefused(err) {
+			return nil, err
+		}
+		st = nil
+	}
+	if c.stmts == nil {
+		c.stmts = make(map[string]driver.Stmt, 2)
+	}
+	c.stmts[query] = st
+	return st, nil
 }
 
 func (c *pipeConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -151,6 +203,15 @@ func (c *pipeConn) QueryContext(ctx context.Context, query string, args []driver
 	if err != nil {
 		return nil, err
 	}
+	if !begins {
+		st, err := c.prepared(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		if st, ok := st.(driver.StmtQueryContext); ok {
+			return st.QueryContext(ctx, args)
+		}
+	}
 	rows, err := c.driverConn.QueryContext(ctx, q, args)
 	if begins && errors.Is(err, driver.ErrSkip) {
 		// Nothing was sent: database/sql prepares query, and
@@ -164,6 +225,15 @@ func (c *pipeConn) ExecContext(ctx context.Context, query string, args []driver.
 	q, begins, err := c.first(ctx, query)
 	if err != nil {
 		return nil, err
+	}
+	if !begins && ctx.Value(commitsKey{}) == nil {
+		st, err := c.prepared(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		if st, ok := st.(driver.StmtExecContext); ok {
+			return st.ExecContext(ctx, args)
+		}
 	}
 	res, err := c.driverConn.ExecContext(ctx, q, args)
 	switch {

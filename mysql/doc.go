@@ -78,10 +78,20 @@
 // compound statement is one statement); interpolateParams is turned on,
 // because the server cannot prepare a compound statement; a completion
 // whose text would exceed maxAllowedPacket is sent apart from COMMIT, as a
-// prepared statement. Every other statement and transaction, the
-// callback's and ClaimTx's included, reaches the driver unchanged; on MySQL
-// (no compound statements outside stored programs) the pool behaves
-// exactly as the driver's. A pool of the driver's stays fully supported.
+// prepared statement. The claim and the completion that cannot travel with
+// BEGIN or COMMIT (ClaimTx's and CompleteTx's in a caller's transaction,
+// the pool's leased claims) run prepared, once per connection, so the
+// server does not parse them on every call: with the replay read, a few
+// server-side statements per connection, under the server's
+// max_prepared_stmt_count. A server that refuses the prepare (error 1295,
+// or that count reached) gets the text on that connection from then on;
+// any other failure of the prepare is the statement's error, since it is
+// where a transaction rolled back meanwhile (a deadlock victim; on Galera
+// a brute-force abort) is reported. Every other statement and transaction,
+// the callback's included, reaches the driver unchanged; on MySQL (no
+// compound statements outside stored programs) the pool behaves as the
+// driver's but for those prepared statements. A pool of the driver's stays
+// fully supported.
 //
 // # Schema
 //

@@ -25,6 +25,8 @@ const (
 	erLockWaitTimeout   = 1205 // ER_LOCK_WAIT_TIMEOUT
 	erLockDeadlock      = 1213 // ER_LOCK_DEADLOCK, also Galera's certification failure and brute-force abort
 	erReadOnly          = 1290 // ER_OPTION_PREVENTS_STATEMENT: a --read-only server
+	erUnsupportedPS     = 1295 // ER_UNSUPPORTED_PS: the statement cannot be prepared
+	erMaxPreparedStmts  = 1461 // ER_MAX_PREPARED_STMT_COUNT_REACHED: max_prepared_stmt_count
 	erSignalException   = 1644 // ER_SIGNAL_EXCEPTION: completeCommit's SIGNAL
 	erConnectionKilled  = 1927 // ER_CONNECTION_KILLED: MariaDB, the server is shutting down
 )
@@ -164,6 +166,16 @@ func (e *redactedError) Unwrap() []error { return e.errs }
 func isDupEntry(err error) bool {
 	var myErr *gomysql.MySQLError
 	return errors.As(err, &myErr) && myErr.Number == erDupEntry
+}
+
+// isPrepareRefused reports whether err, from a prepare, is the server's
+// refusal to prepare the statement (it cannot, or holds as many prepared
+// statements as max_prepared_stmt_count allows): the session and its
+// transaction are as they were, and the text may be sent instead. Any
+// other error is the statement's own.
+func isPrepareRefused(err error) bool {
+	var myErr *gomysql.MySQLError
+	return errors.As(err, &myErr) && (myErr.Number == erUnsupportedPS || myErr.Number == erMaxPreparedStmts)
 }
 
 // isLockWaitTimeout reports whether err is the server's lock wait timeout.

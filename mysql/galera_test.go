@@ -108,10 +108,20 @@ type galeraNS struct {
 // nodes, and certification failures, meet both of Do's paths.
 func (c *galeraCluster) open(ctx context.Context, t *testing.T, bare bool, params map[string]string) *galeraNS {
 	t.Helper()
+	return c.openPools(ctx, t, bare, params, false)
+}
+
+// openPools is open; with prepared, every node's pool is the driver's
+// without interpolateParams, so that database/sql prepares each statement
+// that has arguments on its connection, in the caller's transaction: the
+// protocol in which a transaction another node's write set aborted is
+// reported at a prepare.
+func (c *galeraCluster) openPools(ctx context.Context, t *testing.T, bare bool, params map[string]string, prepared bool) *galeraNS {
+	t.Helper()
 	name := c.nodes[0].createDatabase(ctx, t)
 	ns := &galeraNS{name: name}
 	for i, n := range c.nodes {
-		cfg := n.config(name, true)
+		cfg := n.config(name, !prepared)
 		cfg.Timeout = 5 * time.Second
 		cfg.ReadTimeout = 30 * time.Second
 		cfg.WriteTimeout = 30 * time.Second
@@ -122,7 +132,7 @@ func (c *galeraCluster) open(ctx context.Context, t *testing.T, bare bool, param
 			cfg.Params[k] = v
 		}
 		open := openDB
-		if i > 0 {
+		if i > 0 && !prepared {
 			open = openPiped
 		}
 		db := open(t, cfg)
@@ -226,10 +236,22 @@ func TestGaleraCrossNodeRace(t *testing.T) {
 	if galeraFull() {
 		keys = 400
 	}
-	for _, mode := range []string{"Do", "ClaimTx", "HTTP"} {
-		t.Run(mode, func(t *testing.T) {
+	// The modes on the pools of open (node 1's the driver's, nodes 2 and
+	// 3 NewConnector's), and on the driver's without interpolateParams.
+	for _, tc := range []struct {
+		name, mode string
+		prepared   bool
+	}{
+		{"Do", "Do", false},
+		{"ClaimTx", "ClaimTx", false},
+		{"HTTP", "HTTP", false},
+		{"Do_prepared", "Do", true},
+		{"ClaimTx_prepared", "ClaimTx", true},
+	} {
+		mode := tc.mode
+		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
-			ns := c.open(ctx, t, false, nil)
+			ns := c.openPools(ctx, t, false, nil, tc.prepared)
 			stores := make([]*idem.Store[*sql.Tx], len(ns.dbs))
 			handlers := make([]http.Handler, len(ns.dbs))
 			for i, db := range ns.dbs {
@@ -245,7 +267,7 @@ func TestGaleraCrossNodeRace(t *testing.T) {
 			var wg sync.WaitGroup
 			sem := make(chan struct{}, 60) // 20 connections per node
 			for k := range keys {
-				key := fmt.Sprintf("race-%s-%04d", strings.ToLower(mode), k)
+				key := fmt.Sprintf("race-%s-%04d", strings.ToLower(tc.name), k)
 				for i := range ns.dbs {
 					wg.Go(func() {
 						sem <- struct{}{}
@@ -269,14 +291,14 @@ func TestGaleraCrossNodeRace(t *testing.T) {
 			}
 			got := orderCounts(ctx, t, ns.dbs[0])
 			for k := range keys {
-				key := fmt.Sprintf("race-%s-%04d", strings.ToLower(mode), k)
+				key := fmt.Sprintf("race-%s-%04d", strings.ToLower(tc.name), k)
 				require.Equal(t, 1, got[key], "orders of %s", key)
 				require.NotEmpty(t, answers[k][0], key)
 				require.Equal(t, answers[k][0], answers[k][1], key)
 				require.Equal(t, answers[k][0], answers[k][2], key)
 			}
 			require.Len(t, got, keys, "no order without a key")
-			t.Logf("GALERA|race %s|keys=%d nodes=3 %s duplicates=0 unclassified=0", mode, keys, &counts)
+			t.Logf("GALERA|race %s|keys=%d nodes=3 %s duplicates=0 unclassified=0", tc.name, keys, &counts)
 		})
 	}
 }

@@ -381,6 +381,9 @@ func claim(ctx context.Context, h dbtx, p *idem.ClaimParams, q *claimStatements,
 			// The first statement of BeginClaim's transaction carries its
 			// START TRANSACTION (see pipeConn).
 			qctx = context.WithValue(ctx, firstStatementKey{}, q.beginInsertReturning)
+		} else {
+			// Prepared on a pool of NewConnector (ignored elsewhere).
+			qctx = context.WithValue(ctx, preparedKey{}, true)
 		}
 		err = h.QueryRowContext(qctx, q.insertReturning, args[:]...).Scan(&lease, &created, &expires)
 		if err == nil {
@@ -470,7 +473,8 @@ func (e *executor) Complete(ctx context.Context, p *idem.CompleteParams) error {
 	if err != nil {
 		return err
 	}
-	res, err := e.h.ExecContext(ctx, complete, args...)
+	// Prepared on a pool of NewConnector (ignored elsewhere).
+	res, err := e.h.ExecContext(context.WithValue(ctx, preparedKey{}, true), complete, args...)
 	return fencedUnlessOne(res, err)
 }
 

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -149,4 +151,76 @@ func TestPipedLargeBodyFallsBack(t *testing.T) {
 	n, err := ns.countOrders(ctx, "large")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
+}
+
+// On a pool of NewConnector the claim and the completion in a caller's
+// transaction (ClaimTx, CompleteTx) run prepared, once per connection; on a
+// pool of the driver's they stay text. Counted on the connection itself
+// (SHOW SESSION STATUS in the transaction; the pool has one connection).
+func TestPipedClaimTxPrepared(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	ns := testServer(t).open(ctx, t, true)
+	for _, tc := range []struct {
+		name                     string
+		piped                    bool
+		firstPrepares, execPerTx int
+	}{
+		{"plain", false, 0, 0},
+		{"piped", true, 2, 2},
+	} {
+		db := onePool(t, ns.name, tc.piped)
+		store, err := idem.New(idemmysql.New(db), nil)
+		require.NoError(t, err)
+		counters := func(tx *sql.Tx) (prepares, execs int) {
+			t.Helper()
+			rows, err := tx.QueryContext(ctx, "SHOW SESSION STATUS WHERE Variable_name IN ('Com_stmt_prepare', 'Com_stmt_execute')")
+			require.NoError(t, err)
+			defer func() { _ = rows.Close() }()
+			for rows.Next() {
+				var name string
+				var n int
+				require.NoError(t, rows.Scan(&name, &n))
+				if name == "Com_stmt_prepare" {
+					prepares = n
+				} else {
+					execs = n
+				}
+			}
+			require.NoError(t, rows.Err())
+			return prepares, execs
+		}
+		fp := idem.NewFingerprint([]byte(tc.name))
+		var prepares, execs int
+		for i := range 3 {
+			key := fmt.Sprintf("%s-%d", tc.name, i)
+			tx, err := db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			p0, e0 := counters(tx)
+			c, err := store.ClaimTx(ctx, tx, "s", key, fp)
+			require.NoError(t, err)
+			require.True(t, c.Acquired())
+			require.NoError(t, ns.insertOrder(ctx, tx, key))
+			require.NoError(t, store.CompleteTx(ctx, tx, c, &idem.Response{StatusCode: 201, Body: []byte(key)}))
+			p1, e1 := counters(tx)
+			require.NoError(t, tx.Commit())
+			if i == 0 {
+				prepares = p1 - p0
+			} else {
+				require.Equal(t, 0, p1-p0, "%s: prepared once per connection", tc.name)
+			}
+			execs = e1 - e0
+			res, err := store.Do(ctx, "s", key, fp, func(context.Context, *sql.Tx) (*idem.Response, error) {
+				return nil, errors.New("completed key executed again")
+			})
+			require.NoError(t, err)
+			require.True(t, res.Replayed)
+			require.Equal(t, []byte(key), res.Response.Body)
+			n, err := ns.countOrders(ctx, key)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+		}
+		require.Equal(t, tc.firstPrepares, prepares, "%s: statements prepared by the first transaction", tc.name)
+		require.Equal(t, tc.execPerTx, execs, "%s: prepared executions per transaction", tc.name)
+	}
 }
