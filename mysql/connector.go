@@ -14,9 +14,10 @@ import (
 // not changed) through a thin layer of this package. On MariaDB, a [Dialect]
 // over such a pool saves two round trips in every [idem.Store.Do]: the
 // transaction's START TRANSACTION travels with the claim, and its COMMIT
-// with the completion (see [Dialect.BeginClaim]). Every other statement,
-// the caller's included, goes to the driver unchanged; MySQL gains nothing
-// and loses nothing.
+// with the completion (see [Dialect.BeginClaim]). On MySQL and MariaDB
+// alike, the claims and completions that cannot travel with BEGIN or COMMIT
+// run prepared, once per connection (see the package documentation). Every
+// other statement, the caller's included, goes to the driver unchanged.
 //
 // database/sql sends START TRANSACTION by itself when a transaction begins
 // and COMMIT when it commits, one round trip each, with nothing a library
@@ -128,18 +129,19 @@ type pipeConn struct {
 
 // prepared returns query prepared on this connection when ctx marks it
 // with preparedKey, preparing it on first use, and nil otherwise (then the
-// text is sent as before). The statements marked are the claim and the
-// completion in a caller's transaction, which cannot travel with BEGIN or
-// COMMIT: in the text protocol the server parses each of them on every
-// call (docs/performance.md, round 8).
+// text is sent as before). The statements marked are the claims and
+// completions that cannot travel with BEGIN or COMMIT (ClaimTx's and
+// CompleteTx's in a caller's transaction, the pool's leased claims and
+// completions): in the text protocol the server parses each of them on
+// every call (docs/performance-history.md, rounds 8 and 9).
 //
 // Only a server's refusal to prepare (isPrepareRefused) lets the text go
 // instead, and the connection does not try that text again: a server that
 // refuses costs one round trip per connection, not one per call. Any other
 // failure is the statement's and is returned: the prepare is the first
 // command the server sees after the statements before it, so it is where a
-// transaction that was rolled back meanwhile (a deadlock victim; on Galera
-// one another node's write set aborted) reports it. Sending the text after
+// transaction that was rolled back meanwhile, between two commands (on
+// Galera, one that another node's write set aborted), reports it. Sending the text after
 // that would run it outside the caller's transaction, which no longer
 // exists: a completion would match no row and be reported fenced, a
 // business statement would commit on its own.

@@ -39,7 +39,9 @@
 // is parsed once per connection. database/sql prepares it on each pool
 // connection the first time it runs there (one more round trip, once) and
 // the server keeps one statement per open connection of the pool, which
-// counts against max_prepared_stmt_count. A proxy between the service and
+// counts against max_prepared_stmt_count. Every Dialect over one *sql.DB
+// shares that statement, however many are built, and the last of them to
+// be garbage collected closes it. A proxy between the service and
 // the server must pass prepared statements through, as it must for any pool
 // without interpolateParams.
 //
@@ -86,8 +88,8 @@
 // max_prepared_stmt_count. A server that refuses the prepare (error 1295,
 // or that count reached) gets the text on that connection from then on;
 // any other failure of the prepare is the statement's error, since it is
-// where a transaction rolled back meanwhile (a deadlock victim; on Galera
-// a brute-force abort) is reported. Every other statement and transaction,
+// where a transaction rolled back between two commands (on Galera, by a
+// brute-force abort) is reported. Every other statement and transaction,
 // the callback's included, reaches the driver unchanged; on MySQL (no
 // compound statements outside stored programs) the pool behaves as the
 // driver's but for those prepared statements. A pool of the driver's stays

@@ -42,10 +42,9 @@ type Dialect struct {
 	insertCommitSQL atomic.Pointer[insertCommitText]
 	// optimistic is set by WithOptimisticDo.
 	optimistic bool
-	// replayStmt is getCompletedLive prepared on db, nil until a prepare
-	// has succeeded (a failed one, the server down, is tried again by the
-	// next replay). See preparedReplay.
-	replayStmt atomic.Pointer[sql.Stmt]
+	// replay is this Dialect's use of db's prepared replay read, which
+	// every Dialect over db shares. See preparedReplay.
+	replay *replayUse
 }
 
 // waitPrefix is the SET STATEMENT prefix for secs seconds.
@@ -119,7 +118,7 @@ var errNilTx = errors.New("idem: mysql: nil *sql.Tx")
 //
 // Options: [WithOptimisticDo].
 func New(db *sql.DB, opts ...Option) *Dialect {
-	d := &Dialect{db: db}
+	d := &Dialect{db: db, replay: &replayUse{db: db}}
 	for _, o := range opts {
 		o(d)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1230,6 +1231,64 @@ func TestPreparedReplayRead(t *testing.T) {
 			for err := range errs {
 				require.NoError(t, err)
 			}
+		})
+	}
+}
+
+// TestReplayStatementSharedPerPool: the replay read's prepared statement
+// belongs to the pool. Dialects built freely over one *sql.DB (one per
+// tenant, or per request) prepare it once between them, not once each,
+// which would leave a server-side statement per Dialect on every connection
+// until it closed, up to the server-wide max_prepared_stmt_count; and when
+// the last of them is gone the statement is closed on the server.
+func TestReplayStatementSharedPerPool(t *testing.T) {
+	t.Parallel()
+	for _, interpolate := range []bool{true, false} {
+		t.Run(fmt.Sprintf("interpolate=%v", interpolate), func(t *testing.T) {
+			t.Parallel()
+			ctx, b := setup(t, newPlain, interpolate)
+			// One connection: its session counters see every prepare and
+			// close of the pool.
+			b.db.SetMaxOpenConns(1)
+			const scope, key = "t1/create", "shared"
+			func() {
+				store, err := idem.New(idemmysql.New(b.db), nil)
+				require.NoError(t, err)
+				_, err = store.Do(ctx, scope, key, idem.NewFingerprint(), func(context.Context, *sql.Tx) (*idem.Response, error) {
+					return &idem.Response{StatusCode: 201, Body: []byte(`{"id":1}`)}, nil
+				})
+				require.NoError(t, err)
+			}()
+			counter := func(name string) (int64, error) {
+				var v int64
+				var n string
+				err := b.db.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE '"+name+"'").Scan(&n, &v)
+				return v, err
+			}
+			prepares, err := counter("Com_stmt_prepare")
+			require.NoError(t, err)
+			closes, err := counter("Com_stmt_close")
+			require.NoError(t, err)
+
+			for range 50 {
+				reader, ok := idemmysql.New(b.db).DB().(idem.ReplayReader)
+				require.True(t, ok)
+				rec, err := reader.GetCompleted(ctx, &idem.GetParams{Scope: scope, Key: key})
+				require.NoError(t, err)
+				require.JSONEq(t, `{"id":1}`, string(rec.Response.Body))
+			}
+			after, err := counter("Com_stmt_prepare")
+			require.NoError(t, err)
+			// At most once: the Dialect of the Do above may have prepared it
+			// already, and if it has not been collected yet, it is shared.
+			require.LessOrEqual(t, after-prepares, int64(1), "50 Dialects over one pool prepare the replay read once")
+
+			// Every Dialect that used it is unreachable now.
+			require.Eventually(t, func() bool {
+				runtime.GC()
+				n, err := counter("Com_stmt_close")
+				return err == nil && n > closes
+			}, 10*time.Second, 20*time.Millisecond, "the statement is closed once no Dialect uses it")
 		})
 	}
 }

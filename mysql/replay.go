@@ -3,6 +3,9 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"runtime"
+	"sync"
+	"sync/atomic"
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/replayrow"
@@ -78,12 +81,11 @@ func (e *executor) GetCompleted(ctx context.Context, p *idem.GetParams) (*idem.R
 // the read Do makes before every claim of a key that is likely a replay, it
 // runs as a prepared statement: the text protocol of interpolateParams makes
 // the server parse and resolve the whole statement on every replay, which
-// cost MariaDB more CPU than reading the row (docs/performance.md, round 8);
-// a prepared one is parsed once per connection. Without interpolateParams,
-// database/sql would otherwise prepare, execute and close it: three round
-// trips where this takes one. A transaction's read (GetTx) and a pinned
-// clock (Config.Now, tests) keep the text statement, which leaves nothing
-// prepared on a connection the caller owns.
+// cost MariaDB more CPU than reading the row (docs/performance-history.md,
+// round 8); a prepared one is parsed once per connection. Without
+// interpolateParams, database/sql would otherwise prepare, execute and close
+// it: three round trips where this takes one. A transaction's read (GetTx)
+// and a pinned clock (Config.Now, tests) keep the text statement.
 func (e *executor) queryCompleted(ctx context.Context, p *idem.GetParams) (*sql.Rows, error) {
 	switch {
 	case p.Now != nil:
@@ -105,21 +107,106 @@ func (e *executor) queryCompleted(ctx context.Context, p *idem.GetParams) (*sql.
 // connection of the pool (max_prepared_stmt_count bounds them server-wide,
 // 16 382 by default).
 //
+// The statement belongs to the pool, not to the Dialect: every Dialect over
+// one *sql.DB shares it (see replayStatements), so that a service building
+// Dialects freely, one per tenant or per request, does not leave one more
+// server-side statement per Dialect on each connection until the
+// connection closes, up to the server-wide limit, where every client of
+// the server, not only idem, would be refused its prepares.
+//
 // No lock is held while preparing: a prepare that hangs (the server gone
 // silent) would keep every other replay waiting past its own context. Calls
 // that find nothing prepared each prepare, the first to finish is kept and
-// the others close theirs.
+// the others close theirs. A failed prepare keeps nothing: the next replay
+// tries again.
 func (d *Dialect) preparedReplay(ctx context.Context) (*sql.Stmt, error) {
-	if s := d.replayStmt.Load(); s != nil {
+	u := d.replay
+	if s := u.stmt.Load(); s != nil {
 		return s, nil
 	}
-	s, err := d.db.PrepareContext(ctx, getCompletedLive)
+	if s := replayStatements.join(d, nil); s != nil {
+		return s, nil
+	}
+	fresh, err := u.db.PrepareContext(ctx, getCompletedLive)
 	if err != nil {
 		return nil, err
 	}
-	if !d.replayStmt.CompareAndSwap(nil, s) {
-		_ = s.Close()
-		return d.replayStmt.Load(), nil
+	s := replayStatements.join(d, fresh)
+	if s != fresh {
+		_ = fresh.Close()
 	}
 	return s, nil
+}
+
+// replayStatements holds the prepared replay read of each pool that has
+// one, with the number of Dialects using it. A Dialect joins once, at its
+// first prepared replay; a cleanup on the Dialect leaves when it becomes
+// unreachable, and the last to leave closes the statement, which frees it
+// on the server, and forgets the pool.
+var replayStatements = replayRegistry{byDB: make(map[*sql.DB]*sharedReplay)}
+
+type replayRegistry struct {
+	mu   sync.Mutex
+	byDB map[*sql.DB]*sharedReplay
+}
+
+// sharedReplay is one pool's prepared replay read and its users.
+type sharedReplay struct {
+	stmt  *sql.Stmt
+	users int
+}
+
+// replayUse is a Dialect's use of its pool's shared replay read. It is
+// apart from the Dialect so that the Dialect's cleanup can reach the pool
+// without keeping the Dialect alive.
+type replayUse struct {
+	db *sql.DB
+	// stmt is the shared statement once the Dialect has joined.
+	stmt atomic.Pointer[sql.Stmt]
+}
+
+// join returns the statement of d's pool, making d one of its users if it
+// is not yet. When the pool has none, fresh becomes it; when fresh is nil,
+// join returns nil and records nothing.
+func (r *replayRegistry) join(d *Dialect, fresh *sql.Stmt) *sql.Stmt {
+	u := d.replay
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := u.stmt.Load(); s != nil {
+		// Joined meanwhile, by a concurrent first replay of d: the pool's
+		// statement cannot have changed, d's use keeps it.
+		return s
+	}
+	sh := r.byDB[u.db]
+	if sh == nil {
+		if fresh == nil {
+			return nil
+		}
+		sh = &sharedReplay{stmt: fresh}
+		r.byDB[u.db] = sh
+	}
+	sh.users++
+	u.stmt.Store(sh.stmt)
+	runtime.AddCleanup(d, r.leave, u.db)
+	return sh.stmt
+}
+
+// leave ends one Dialect's use of db's statement; the last use closes it.
+// Close runs outside the lock: it may write to the connections it was
+// prepared on.
+func (r *replayRegistry) leave(db *sql.DB) {
+	r.mu.Lock()
+	sh := r.byDB[db]
+	if sh == nil {
+		r.mu.Unlock()
+		return
+	}
+	sh.users--
+	if sh.users > 0 {
+		r.mu.Unlock()
+		return
+	}
+	delete(r.byDB, db)
+	r.mu.Unlock()
+	_ = sh.stmt.Close()
 }
