@@ -49,7 +49,7 @@ func parseKey(values []string, format *regexp.Regexp) (key, code string) {
 
 // matchesFormat reports whether v matches format. The default format is
 // checked by isDefaultKey: the regexp engine cost a replay through the
-// middleware about 2 % of its CPU (docs/performance.md, round 6).
+// middleware about 2 % of its CPU (docs/performance-history.md, round 6).
 func matchesFormat(v string, format *regexp.Regexp) bool {
 	if format == defaultKeyFormat {
 		return isDefaultKey(v)
