@@ -42,9 +42,9 @@ type Dialect struct {
 	insertCommitSQL atomic.Pointer[insertCommitText]
 	// optimistic is set by WithOptimisticDo.
 	optimistic bool
-	// replay is this Dialect's use of db's prepared replay read, which
-	// every Dialect over db shares. See preparedReplay.
-	replay *replayUse
+	// replayStmt is db's prepared replay read, which every Dialect over db
+	// shares, once this Dialect has joined it. See preparedReplay.
+	replayStmt atomic.Pointer[sql.Stmt]
 }
 
 // waitPrefix is the SET STATEMENT prefix for secs seconds.
@@ -118,7 +118,7 @@ var errNilTx = errors.New("idem: mysql: nil *sql.Tx")
 //
 // Options: [WithOptimisticDo].
 func New(db *sql.DB, opts ...Option) *Dialect {
-	d := &Dialect{db: db, replay: &replayUse{db: db}}
+	d := &Dialect{db: db}
 	for _, o := range opts {
 		o(d)
 	}

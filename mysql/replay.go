@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"runtime"
 	"sync"
-	"sync/atomic"
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/replayrow"
@@ -120,14 +119,13 @@ func (e *executor) queryCompleted(ctx context.Context, p *idem.GetParams) (*sql.
 // the others close theirs. A failed prepare keeps nothing: the next replay
 // tries again.
 func (d *Dialect) preparedReplay(ctx context.Context) (*sql.Stmt, error) {
-	u := d.replay
-	if s := u.stmt.Load(); s != nil {
+	if s := d.replayStmt.Load(); s != nil {
 		return s, nil
 	}
 	if s := replayStatements.join(d, nil); s != nil {
 		return s, nil
 	}
-	fresh, err := u.db.PrepareContext(ctx, getCompletedLive)
+	fresh, err := d.db.PrepareContext(ctx, getCompletedLive)
 	if err != nil {
 		return nil, err
 	}
@@ -156,38 +154,29 @@ type sharedReplay struct {
 	users int
 }
 
-// replayUse is a Dialect's use of its pool's shared replay read. It is
-// apart from the Dialect so that the Dialect's cleanup can reach the pool
-// without keeping the Dialect alive.
-type replayUse struct {
-	db *sql.DB
-	// stmt is the shared statement once the Dialect has joined.
-	stmt atomic.Pointer[sql.Stmt]
-}
-
 // join returns the statement of d's pool, making d one of its users if it
 // is not yet. When the pool has none, fresh becomes it; when fresh is nil,
-// join returns nil and records nothing.
+// join returns nil and records nothing. The cleanup's argument is the pool,
+// which does not reach d, so that it does not keep d alive.
 func (r *replayRegistry) join(d *Dialect, fresh *sql.Stmt) *sql.Stmt {
-	u := d.replay
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if s := u.stmt.Load(); s != nil {
+	if s := d.replayStmt.Load(); s != nil {
 		// Joined meanwhile, by a concurrent first replay of d: the pool's
 		// statement cannot have changed, d's use keeps it.
 		return s
 	}
-	sh := r.byDB[u.db]
+	sh := r.byDB[d.db]
 	if sh == nil {
 		if fresh == nil {
 			return nil
 		}
 		sh = &sharedReplay{stmt: fresh}
-		r.byDB[u.db] = sh
+		r.byDB[d.db] = sh
 	}
 	sh.users++
-	u.stmt.Store(sh.stmt)
-	runtime.AddCleanup(d, r.leave, u.db)
+	d.replayStmt.Store(sh.stmt)
+	runtime.AddCleanup(d, r.leave, d.db)
 	return sh.stmt
 }
 
