@@ -89,6 +89,9 @@ type floorRunner[TTx any] struct {
 	// finished record's INSERT; COMMIT, in as many round trips as Do (nil
 	// when the runner was opened for floortx).
 	do func(ctx context.Context, insert func(context.Context, TTx, string) error, scope string) error
+	// lock is floorlock's (MariaDB only, nil elsewhere and for floortx):
+	// see mysqlFloorLockClaim.
+	lock func(ctx context.Context, insert func(context.Context, TTx, string) error, scope string) error
 	// tx is floortx's: the same in a transaction begun as a caller begins
 	// one, each statement sent alone.
 	tx    func(ctx context.Context, insert func(context.Context, TTx, string) error, scope string) error
@@ -117,25 +120,37 @@ func floorTxOp[TTx any](s *idem.Store[TTx], read func(ctx context.Context, tx TT
 // floorScenarios returns floor and floortx of shape; each opens its runner
 // on the main pools for its measurement.
 func (l *level[TTx]) floorScenarios(insert func(context.Context, TTx, string) error) []*scenario {
-	mk := func(name string, callerTx bool) *scenario {
+	mk := func(name string, callerTx bool, writes writeKind) *scenario {
 		var run func(context.Context, func(context.Context, TTx, string) error, string) error
 		return &scenario{
-			name: name, writes: writesFloor,
+			name: name, writes: writes,
 			setup: func(ctx context.Context) (func(), error) {
 				fr, err := l.p.openFloor(ctx, callerTx)
 				if err != nil {
 					return nil, fmt.Errorf("open floor: %w", err)
 				}
-				run = fr.do
-				if callerTx {
+				switch {
+				case callerTx:
 					run = fr.tx
+				case writes == writesFloorLock:
+					run = fr.lock
+				default:
+					run = fr.do
+				}
+				if run == nil {
+					fr.close()
+					return nil, fmt.Errorf("%s: not measured on this dialect", name)
 				}
 				return fr.close, nil
 			},
 			op: func(ctx context.Context, _ int) error { return run(ctx, insert, randomScope()) },
 		}
 	}
-	return []*scenario{mk("floor", false), mk("floortx", true)}
+	all := []*scenario{mk("floor", false, writesFloor), mk("floortx", true, writesFloor)}
+	if l.p.floorLock {
+		all = append(all, mk("floorlock", false, writesFloorLock))
+	}
+	return all
 }
 
 // floorSeed is the reset's statement that gives floorTable the seeded

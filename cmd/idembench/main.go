@@ -71,6 +71,11 @@
 //	          indexes). A target of do ÷ bare above floor ÷ bare is out of reach
 //	floortx   the same as separate statements in a transaction begun as a caller's:
 //	          the floor of tx (ClaimTx + CompleteTx); on SQLite, floor's statements
+//	floorlock (MySQL/MariaDB only) the least a Do that holds the key before its
+//	          callback runs must write: BEGIN with the INSERT of a processing row; the
+//	          shape; the response INSERTed into a table of its own with COMMIT (no
+//	          UPDATE, no read). A target of do ÷ bare above floorlock ÷ bare is out of
+//	          reach for Do's default claim; floor remains the bound of doopt
 //	separate  Store.Claim committed first, then BEGIN; the shape; CompleteTx; COMMIT
 //	leased    Store.Acquire, then BEGIN; the shape; Lease.CompleteTx; COMMIT
 //	replay    Store.Do on a completed key (the stored response comes back)
@@ -132,7 +137,7 @@ const (
 )
 
 var allScenarios = []string{
-	"bare", "tx", "do", "doopt", "floor", "floortx", "separate", "leased", "replay", "cachedreplay", "get", "pkselect",
+	"bare", "tx", "do", "doopt", "floor", "floortx", "floorlock", "separate", "leased", "replay", "cachedreplay", "get", "pkselect",
 	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http", "httpopt", "httppk", "httpreplay",
 }
 

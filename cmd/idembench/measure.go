@@ -14,11 +14,12 @@ import (
 type writeKind int
 
 const (
-	writesNothing writeKind = iota // reads: not checked
-	writesPlain                    // an order per operation, no idempotency record
-	writesIdem                     // an order and a completed record per operation
-	writesRedis                    // an order and a Redis key holding the response per operation
-	writesFloor                    // an order and a finished row of floorTable per operation
+	writesNothing   writeKind = iota // reads: not checked
+	writesPlain                      // an order per operation, no idempotency record
+	writesIdem                       // an order and a completed record per operation
+	writesRedis                      // an order and a Redis key holding the response per operation
+	writesFloor                      // an order and a finished row of floorTable per operation
+	writesFloorLock                  // an order, a processing row of floorTable and a row of floorResponsesTable per operation
 )
 
 // scenario is one kind of operation the tool measures.

@@ -33,6 +33,7 @@ var mysqlStatements = statements{
 		`TRUNCATE TABLE order_lines`,
 		`TRUNCATE TABLE orders`,
 		`TRUNCATE TABLE ` + floorTable,
+		`TRUNCATE TABLE ` + floorResponsesTable,
 		`INSERT INTO idempotency_keys (` + mysqlRecordColumns + `) SELECT ` + mysqlRecordColumns + ` FROM idembench_seed`,
 		floorSeed(""),
 		`ANALYZE TABLE idempotency_keys, orders, order_lines, products, ` + floorTable,
@@ -113,7 +114,7 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			if err := idemmysql.Migrate(ctx, db); err != nil {
 				return false, fmt.Errorf("migrate: %w", err)
 			}
-			for _, q := range append(workload.Tables(workload.MySQL), mysqlFloorTable) {
+			for _, q := range append(workload.Tables(workload.MySQL), mysqlFloorTable, mysqlFloorResponsesTable) {
 				if _, err := db.ExecContext(ctx, q); err != nil {
 					return false, err
 				}
@@ -148,7 +149,7 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			return nil, err
 		}
 		return &pools[*sql.Tx]{
-			store: store, readStore: store, optStore: optStore, admin: sqlAdmin{adm}, pkSelect: sqlPKSelect(db), storePKSelect: sqlPKSelect(db),
+			store: store, readStore: store, optStore: optStore, floorLock: true, admin: sqlAdmin{adm}, pkSelect: sqlPKSelect(db), storePKSelect: sqlPKSelect(db),
 			// floortx runs on the measured pool. floor on a pool of its
 			// own, as many connections, behind the same proxy, open for
 			// its measurements only; the measured pool's idle connections

@@ -296,6 +296,9 @@ func checkWrites[TTx any](ctx context.Context, b *backend[TTx], a admin, sc *sce
 	if sc.writes == writesFloor {
 		errs = append(errs, checkFloor(ctx, b, a, orders))
 	}
+	if sc.writes == writesFloorLock {
+		errs = append(errs, checkFloorLock(ctx, a, orders))
+	}
 	if sc.writes == writesRedis {
 		done, pending, err := sc.redisKeys(ctx)
 		switch {

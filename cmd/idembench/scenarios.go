@@ -66,6 +66,8 @@ type pools[TTx any] struct {
 	// (idemmysql.WithOptimisticDo), on the same pool; nil on the dialects
 	// that have none.
 	optStore *idem.Store[TTx]
+	// floorLock: openFloor's runner measures floorlock (MariaDB).
+	floorLock bool
 	// admin runs the tool's own statements on the namespace.
 	admin admin
 	// openFloor opens the floor scenarios' runner on these pools, for

@@ -226,11 +226,20 @@ var goals = []goal{
 		value: over("do", "bare"), floor: over("floor", "bare"), least: 0.55},
 	{name: "MariaDB Do ≥ 0.80× bare", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"order"},
 		value: over("do", "bare"), floor: over("floor", "bare"), least: 0.80},
+	// The same two targets beside the floor of a Do that holds the key
+	// before its callback runs (floorlock): Do's default claim cannot
+	// write less.
+	{name: "MariaDB Do ≥ 0.55× bare, beside the floor of a claim that locks (floorlock)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"small"},
+		value: over("do", "bare"), floor: over("floorlock", "bare"), least: 0.55},
+	{name: "MariaDB Do ≥ 0.80× Redis on order, RTT 0, beside the floor of a claim that locks (floorlock)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"order"},
+		value: over("do", "redis"), floor: over("floorlock", "redis"), least: 0.80},
 	// The same two targets met by Do with idemmysql.WithOptimisticDo.
 	{name: "MariaDB Do ≥ 0.55× bare, optimistic (doopt)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"small"},
 		value: over("doopt", "bare"), floor: over("floor", "bare"), least: 0.55},
 	{name: "MariaDB Do ≥ 0.80× bare, optimistic (doopt)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"order"},
 		value: over("doopt", "bare"), floor: over("floor", "bare"), least: 0.80},
+	{name: "MariaDB Do ≥ 0.80× Redis on order, RTT 0, optimistic (doopt)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"order"},
+		value: over("doopt", "redis"), floor: over("floor", "redis"), least: 0.80},
 	{name: "MariaDB Do ≥ 1.1× Redis, optimistic (doopt)", dialects: []string{"mysql"}, rtts: delayed, shapes: bothShapes,
 		value: over("doopt", "redis"), floor: over("floor", "redis"), least: 1.1},
 	// A middleware at the floor is httpplain × floor ÷ bare, beside Do at its floor.
