@@ -45,6 +45,10 @@ type Dialect struct {
 	// replayStmt is db's prepared replay read, which every Dialect over db
 	// shares, once this Dialect has joined it. See preparedReplay.
 	replayStmt atomic.Pointer[sql.Stmt]
+	// replayRefusedAt is when the server last refused to prepare the
+	// replay read (UnixNano; 0: never); until replayRefusalPause has
+	// passed, replays send the text instead. See queryCompleted.
+	replayRefusedAt atomic.Int64
 }
 
 // waitPrefix is the SET STATEMENT prefix for secs seconds.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/idemstore/idem"
 	"github.com/idemstore/idem/internal/replayrow"
@@ -85,18 +86,48 @@ func (e *executor) GetCompleted(ctx context.Context, p *idem.GetParams) (*idem.R
 // interpolateParams, database/sql would otherwise prepare, execute and close
 // it: three round trips where this takes one. A transaction's read (GetTx)
 // and a pinned clock (Config.Now, tests) keep the text statement.
+//
+// A server that refuses to prepare (at its max_prepared_stmt_count, or a
+// proxy without prepared statements: isPrepareRefused) gets the text
+// statement instead, which with interpolateParams needs no prepare, for
+// this replay and for replayRefusalPause after it,
+// so that a replay costs one failed prepare a minute, not one each, and is
+// still answered from the read rather than falling through to a claim.
+// database/sql prepares the statement again on every connection it has not
+// run on yet, so the refusal can come from QueryContext as well.
 func (e *executor) queryCompleted(ctx context.Context, p *idem.GetParams) (*sql.Rows, error) {
+	scope, key := []byte(p.Scope), []byte(p.Key)
 	switch {
 	case p.Now != nil:
-		return e.h.QueryContext(ctx, getCompleted, []byte(p.Scope), []byte(p.Key), pinned(p.Now))
-	case e.db == nil:
-		return e.h.QueryContext(ctx, getCompletedLive, []byte(p.Scope), []byte(p.Key))
+		return e.h.QueryContext(ctx, getCompleted, scope, key, pinned(p.Now))
+	case e.db == nil || e.d.replayRefusedRecently():
+		return e.h.QueryContext(ctx, getCompletedLive, scope, key)
 	}
 	stmt, err := e.d.preparedReplay(ctx)
-	if err != nil {
+	if err == nil {
+		var rows *sql.Rows
+		if rows, err = stmt.QueryContext(ctx, scope, key); err == nil {
+			return rows, nil
+		}
+	}
+	if !isPrepareRefused(err) {
 		return nil, err
 	}
-	return stmt.QueryContext(ctx, []byte(p.Scope), []byte(p.Key))
+	e.d.replayRefusedAt.Store(time.Now().UnixNano())
+	return e.h.QueryContext(ctx, getCompletedLive, scope, key)
+}
+
+// replayRefusalPause is how long replays send the text statement after
+// the server refused to prepare the replay read. The limit that refuses
+// is usually server-wide and held by other clients, so it lasts; a minute
+// bounds the failed prepares without giving up on the prepared read.
+const replayRefusalPause = time.Minute
+
+// replayRefusedRecently reports whether the server refused to prepare the
+// replay read less than replayRefusalPause ago.
+func (d *Dialect) replayRefusedRecently() bool {
+	at := d.replayRefusedAt.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) < replayRefusalPause
 }
 
 // preparedReplay returns getCompletedLive prepared on the pool, preparing it
