@@ -92,6 +92,9 @@ type floorRunner[TTx any] struct {
 	// lock is floorlock's (MariaDB only, nil elsewhere and for floortx):
 	// see mysqlFloorLockClaim.
 	lock func(ctx context.Context, insert func(context.Context, TTx, string) error, scope string) error
+	// lockBound is floorlockbound's (MariaDB only): see
+	// mysqlFloorLockBoundClaim.
+	lockBound func(ctx context.Context, insert func(context.Context, TTx, string) error, scope string) error
 	// tx is floortx's: the same in a transaction begun as a caller begins
 	// one, each statement sent alone.
 	tx    func(ctx context.Context, insert func(context.Context, TTx, string) error, scope string) error
@@ -121,6 +124,7 @@ func floorTxOp[TTx any](s *idem.Store[TTx], read func(ctx context.Context, tx TT
 // on the main pools for its measurement.
 func (l *level[TTx]) floorScenarios(insert func(context.Context, TTx, string) error) []*scenario {
 	mk := func(name string, callerTx bool, writes writeKind) *scenario {
+		bound := name == "floorlockbound"
 		var run func(context.Context, func(context.Context, TTx, string) error, string) error
 		return &scenario{
 			name: name, writes: writes,
@@ -132,6 +136,8 @@ func (l *level[TTx]) floorScenarios(insert func(context.Context, TTx, string) er
 				switch {
 				case callerTx:
 					run = fr.tx
+				case bound:
+					run = fr.lockBound
 				case writes == writesFloorLock:
 					run = fr.lock
 				default:
@@ -148,7 +154,7 @@ func (l *level[TTx]) floorScenarios(insert func(context.Context, TTx, string) er
 	}
 	all := []*scenario{mk("floor", false, writesFloor), mk("floortx", true, writesFloor)}
 	if l.p.floorLock {
-		all = append(all, mk("floorlock", false, writesFloorLock))
+		all = append(all, mk("floorlock", false, writesFloorLock), mk("floorlockbound", false, writesFloorLock))
 	}
 	return all
 }

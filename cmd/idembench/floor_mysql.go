@@ -68,8 +68,22 @@ COMMIT;
 END`
 )
 
-// mysqlFloorLock is floorlock's operation on fdb, a pool of floorConnector.
-func mysqlFloorLock(fdb *sql.DB) func(ctx context.Context, insert func(context.Context, *sql.Tx, string) error, scope string) error {
+// mysqlFloorLockBoundClaim is floorlockbound's claim: floorlock's, with
+// what Do's claim owes its contract besides the lock. Its wait for an
+// uncommitted holder of the key is bounded (Config.WaitTimeout, 5 s by
+// default, as SET STATEMENT), and the record's times are the database's
+// clock, computed by the server and returned (RETURNING), as every record
+// idem writes keeps them.
+const mysqlFloorLockBoundClaim = "BEGIN NOT ATOMIC\nSTART TRANSACTION;\nSET STATEMENT innodb_lock_wait_timeout=5 FOR INSERT INTO " + floorTable + ` (
+	scope, idempotency_key, fingerprint, status, token, attempt, lease_expires_at, created_at, updated_at, expires_at)
+VALUES (?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),
+	UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+RETURNING lease_expires_at, created_at, expires_at;
+END`
+
+// mysqlFloorLock is the operation of floorlock on fdb, a pool of
+// floorConnector, or with bound of floorlockbound.
+func mysqlFloorLock(fdb *sql.DB, bound bool) func(ctx context.Context, insert func(context.Context, *sql.Tx, string) error, scope string) error {
 	return func(ctx context.Context, insert func(context.Context, *sql.Tx, string) error, scope string) error {
 		r := newFloorRow(scope, workload.NewKey())
 		tx, err := fdb.BeginTx(context.WithValue(ctx, floorLazyKey{}, true), nil)
@@ -77,10 +91,21 @@ func mysqlFloorLock(fdb *sql.DB) func(ctx context.Context, insert func(context.C
 			return fmt.Errorf("floorlock: begin: %w", err)
 		}
 		defer func() { _ = tx.Rollback() }() // after the COMMIT: sends nothing
-		qctx := context.WithValue(ctx, floorFirstKey{}, mysqlFloorLockClaim)
-		if _, err := tx.ExecContext(qctx, mysqlFloorLockClaim, r.scope, r.key, fingerprint[:],
-			int16(idem.StatusProcessing), r.token, r.leaseExpires, r.now, r.now, r.expires); err != nil {
-			return fmt.Errorf("floorlock: claim: %w", err)
+		if bound {
+			qctx := context.WithValue(ctx, floorFirstKey{}, mysqlFloorLockBoundClaim)
+			var lease, created, expires time.Time
+			if err := tx.QueryRowContext(qctx, mysqlFloorLockBoundClaim, r.scope, r.key, fingerprint[:],
+				int16(idem.StatusProcessing), r.token, floorLease.Microseconds(), floorRetention.Microseconds()).
+				Scan(&lease, &created, &expires); err != nil {
+				return fmt.Errorf("floorlockbound: claim: %w", err)
+			}
+			r.now = created
+		} else {
+			qctx := context.WithValue(ctx, floorFirstKey{}, mysqlFloorLockClaim)
+			if _, err := tx.ExecContext(qctx, mysqlFloorLockClaim, r.scope, r.key, fingerprint[:],
+				int16(idem.StatusProcessing), r.token, r.leaseExpires, r.now, r.now, r.expires); err != nil {
+				return fmt.Errorf("floorlock: claim: %w", err)
+			}
 		}
 		if err := insert(ctx, tx, scope); err != nil {
 			return err
@@ -168,13 +193,13 @@ func mysqlFloor(s *idem.Store[*sql.Tx], fdb *sql.DB) *floorRunner[*sql.Tx] {
 			_, err := tx.ExecContext(ctx, mysqlFloorInsert, r.args()...)
 			return err
 		})
-	var lock func(context.Context, func(context.Context, *sql.Tx, string) error, string) error
+	var lock, lockBound func(context.Context, func(context.Context, *sql.Tx, string) error, string) error
 	if fdb == nil {
 		do = nil
 	} else {
-		lock = mysqlFloorLock(fdb)
+		lock, lockBound = mysqlFloorLock(fdb, false), mysqlFloorLock(fdb, true)
 	}
-	return &floorRunner[*sql.Tx]{do: do, lock: lock, tx: tx, close: func() {}}
+	return &floorRunner[*sql.Tx]{do: do, lock: lock, lockBound: lockBound, tx: tx, close: func() {}}
 }
 
 // Context keys of floorConn.

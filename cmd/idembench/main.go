@@ -76,6 +76,9 @@
 //	          shape; the response INSERTed into a table of its own with COMMIT (no
 //	          UPDATE, no read). A target of do ÷ bare above floorlock ÷ bare is out of
 //	          reach for Do's default claim; floor remains the bound of doopt
+//	floorlockbound (MySQL/MariaDB only) floorlock with what Do's claim owes its contract
+//	          besides the lock: its wait bounded (SET STATEMENT innodb_lock_wait_timeout),
+//	          the record's times the database's clock, returned by RETURNING
 //	separate  Store.Claim committed first, then BEGIN; the shape; CompleteTx; COMMIT
 //	leased    Store.Acquire, then BEGIN; the shape; Lease.CompleteTx; COMMIT
 //	replay    Store.Do on a completed key (the stored response comes back)
@@ -137,7 +140,7 @@ const (
 )
 
 var allScenarios = []string{
-	"bare", "tx", "do", "doopt", "floor", "floortx", "floorlock", "separate", "leased", "replay", "cachedreplay", "get", "pkselect",
+	"bare", "tx", "do", "doopt", "floor", "floortx", "floorlock", "floorlockbound", "separate", "leased", "replay", "cachedreplay", "get", "pkselect",
 	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http", "httpopt", "httppk", "httpreplay",
 }
 

@@ -90,7 +90,7 @@ func TestSmoke(t *testing.T) {
 	// doopt and httpopt need idemmysql.WithOptimisticDo, and floorlock is
 	// MariaDB's: none runs on SQLite.
 	writes := slices.DeleteFunc(slices.Clone(scenarios), func(s string) bool {
-		return slices.Contains(reads, s) || s == "doopt" || s == "httpopt" || s == "floorlock"
+		return slices.Contains(reads, s) || s == "doopt" || s == "httpopt" || s == "floorlock" || s == "floorlockbound"
 	})
 	for _, rtt := range []string{"direct", "proxy0"} {
 		require.ElementsMatch(t, reads, names[rtt+" "], rtt)

@@ -233,6 +233,12 @@ var goals = []goal{
 		value: over("do", "bare"), floor: over("floorlock", "bare"), least: 0.55},
 	{name: "MariaDB Do ≥ 0.80× Redis on order, RTT 0, beside the floor of a claim that locks (floorlock)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"order"},
 		value: over("do", "redis"), floor: over("floorlock", "redis"), least: 0.80},
+	// The same, beside floorlockbound: the lock, the wait bound and the
+	// database clock that Do's claim owes its contract.
+	{name: "MariaDB Do ≥ 0.55× bare, beside a locking claim's floor with its wait bound and the database clock (floorlockbound)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"small"},
+		value: over("do", "bare"), floor: over("floorlockbound", "bare"), least: 0.55},
+	{name: "MariaDB Do ≥ 0.80× Redis on order, RTT 0, beside a locking claim's floor with its wait bound and the database clock (floorlockbound)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"order"},
+		value: over("do", "redis"), floor: over("floorlockbound", "redis"), least: 0.80},
 	// The same two targets met by Do with idemmysql.WithOptimisticDo.
 	{name: "MariaDB Do ≥ 0.55× bare, optimistic (doopt)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"small"},
 		value: over("doopt", "bare"), floor: over("floor", "bare"), least: 0.55},
