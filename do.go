@@ -98,7 +98,7 @@ func (s *Store[TTx]) Do(ctx context.Context, scope, key string, fp Fingerprint, 
 		began time.Time
 	)
 	if s.cache != nil {
-		gen, began = s.cache.gen(), time.Now()
+		gen, began = s.cache.gen(), s.cacheNow()
 		if res := s.replayCached(ctx, scope, key, fp, began); res != nil {
 			return res, nil
 		}

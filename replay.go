@@ -211,7 +211,18 @@ func (s *Store[TTx]) cacheAnswer(scope, key string, fp Fingerprint, res *Result,
 	} else {
 		rec = &Record{Scope: scope, Key: key, Fingerprint: fp, Status: res.Status, Response: res.Response}
 	}
-	s.cache.put(rec, gen, deadline, time.Now())
+	s.cache.put(rec, gen, deadline, s.cacheNow())
+}
+
+// cacheNow is the replay cache's clock: Config.Now when it is pinned, as
+// the records' deadlines are then on that clock too (a test that moves it
+// past a record's retention must not get the record's replay from the
+// cache), the process's clock otherwise.
+func (s *Store[TTx]) cacheNow() time.Time {
+	if s.cfg.Now != nil {
+		return s.cfg.Now()
+	}
+	return time.Now()
 }
 
 func minTime(a, b time.Time) time.Time {

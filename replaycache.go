@@ -30,7 +30,8 @@ type ReplayCacheConfig struct {
 	// MaxAge is how long an entry answers after the response was
 	// completed (or read): it must not exceed Config.Retention, so an entry
 	// never outlives its record's retention deadline. Default 1 minute, or
-	// Config.Retention if that is shorter.
+	// Config.Retention if that is shorter. It is counted on Config.Now
+	// when that is set, on the process's clock otherwise.
 	MaxAge time.Duration
 }
 

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -151,6 +152,34 @@ func TestReplayCacheEntriesEnd(t *testing.T) {
 	}
 	_, err = f.do(ctx, aged, "s", "aged", "a")
 	require.Error(t, err, "an entry past MaxAge is not answered")
+}
+
+// With Config.Now pinned, the cache keeps the pinned clock, the one the
+// records' deadlines are on: moved past MaxAge, the entry no longer
+// answers, and moved past the record's retention, the key runs again.
+func TestReplayCacheKeepsThePinnedClock(t *testing.T) {
+	f := newCacheFixture(t)
+	var mu sync.Mutex
+	clock := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
+	s := f.store(t, &idem.Config{
+		LeaseDuration: time.Minute, Retention: time.Hour, Now: now,
+		ReplayCache: &idem.ReplayCacheConfig{MaxAge: time.Hour},
+	})
+	ctx := t.Context()
+	_, err := f.do(ctx, s, "s", "k", "a")
+	require.NoError(t, err)
+	res, err := f.do(ctx, s, "s", "k", "a")
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+
+	advance(time.Hour + time.Second)
+	res, err = f.do(ctx, s, "s", "k", "a")
+	require.NoError(t, err)
+	require.False(t, res.Replayed, "past its retention on the pinned clock, the key runs again")
+	require.Equal(t, "run 2", string(res.Response.Body))
+	require.EqualValues(t, 2, f.calls.Load())
 }
 
 func TestReplayCacheHandsOutCopies(t *testing.T) {
