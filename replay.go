@@ -197,14 +197,26 @@ func (s *Store[TTx]) replayCached(ctx context.Context, scope, key string, fp Fin
 // completion time, so the entry ends before the record's retention
 // deadline. A replay is cached only when its read returned the record's
 // deadline, and never beyond it.
+//
+// That deadline is on the database's clock and began on this process's,
+// unless Config.Now pins both. A record read with less than two MaxAge
+// left is then not cached: every entry ends at least MaxAge before its
+// record's deadline, which keeps it inside the retention while the
+// database's clock runs less than MaxAge ahead of the process's. Taking
+// the smaller of the two deadlines instead would let an entry outlive its
+// record by the clocks' difference.
 func (s *Store[TTx]) cacheAnswer(scope, key string, fp Fingerprint, res *Result, gen uint64, began time.Time) {
 	if s.cache == nil || res == nil {
 		return
 	}
-	deadline := began.Add(s.cache.cfg.MaxAge)
+	maxAge := s.cache.cfg.MaxAge
+	deadline := began.Add(maxAge)
 	rec := res.replayed
 	if res.Replayed {
 		if rec == nil || rec.ExpiresAt.IsZero() {
+			return
+		}
+		if s.cfg.Now == nil && rec.ExpiresAt.Sub(began) < 2*maxAge {
 			return
 		}
 		deadline = minTime(deadline, rec.ExpiresAt)

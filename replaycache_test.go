@@ -129,6 +129,41 @@ func TestReplayCacheForgetsWhatThisStoreDeletes(t *testing.T) {
 	require.EqualValues(t, 7, f.calls.Load())
 }
 
+// A replay's read gives the record's deadline on the database's clock,
+// which may run ahead of the process's: a record with less than two MaxAge
+// left is not cached from a replay, so that no entry outlives its record
+// while the clocks differ by less than MaxAge.
+func TestReplayCacheLeavesRecordsNearTheirDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		maxAge time.Duration
+		cached bool
+	}{
+		{maxAge: 20 * time.Minute, cached: true},  // an hour left, 40 minutes needed
+		{maxAge: 40 * time.Minute, cached: false}, // an hour left, 80 minutes needed
+	} {
+		t.Run(tc.maxAge.String(), func(t *testing.T) {
+			f := newCacheFixture(t)
+			writer := f.store(t, &idem.Config{Retention: time.Hour})
+			reader := f.store(t, &idem.Config{Retention: time.Hour, ReplayRead: idem.ReplayReadAlways,
+				ReplayCache: &idem.ReplayCacheConfig{MaxAge: tc.maxAge}})
+			ctx := t.Context()
+			_, err := f.do(ctx, writer, "s", "k", "a")
+			require.NoError(t, err)
+			res, err := f.do(ctx, reader, "s", "k", "a")
+			require.NoError(t, err)
+			require.True(t, res.Replayed)
+			require.NoError(t, f.db.Close())
+			res, err = f.do(ctx, reader, "s", "k", "a")
+			if !tc.cached {
+				require.Error(t, err, "not cached: the closed database is asked")
+				return
+			}
+			require.NoError(t, err)
+			require.True(t, res.Replayed)
+		})
+	}
+}
+
 func TestReplayCacheEntriesEnd(t *testing.T) {
 	f := newCacheFixture(t)
 	s := f.store(t, &idem.Config{ReplayCache: &idem.ReplayCacheConfig{MaxEntries: 2, MaxAge: time.Hour}})
