@@ -42,13 +42,10 @@ type Dialect struct {
 	insertCommitSQL atomic.Pointer[insertCommitText]
 	// optimistic is set by WithOptimisticDo.
 	optimistic bool
-	// replayStmt is db's prepared replay read, which every Dialect over db
-	// shares, once this Dialect has joined it. See preparedReplay.
-	replayStmt atomic.Pointer[sql.Stmt]
-	// replayRefusedAt is when the server last refused to prepare the
-	// replay read (UnixNano; 0: never); until replayRefusalPause has
-	// passed, replays send the text instead. See queryCompleted.
-	replayRefusedAt atomic.Int64
+	// replay is what the Dialects over db share about the replay read
+	// (its prepared statement, the last refusal to prepare it), once this
+	// Dialect has joined it. See sharedReplay.
+	replay atomic.Pointer[sharedReplay]
 }
 
 // waitPrefix is the SET STATEMENT prefix for secs seconds.

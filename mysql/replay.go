@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemstore/idem"
@@ -89,21 +90,28 @@ func (e *executor) GetCompleted(ctx context.Context, p *idem.GetParams) (*idem.R
 //
 // A server that refuses to prepare (at its max_prepared_stmt_count, or a
 // proxy without prepared statements: isPrepareRefused) gets the text
-// statement instead, which with interpolateParams needs no prepare, for
-// this replay and for replayRefusalPause after it,
-// so that a replay costs one failed prepare a minute, not one each, and is
-// still answered from the read rather than falling through to a claim.
-// database/sql prepares the statement again on every connection it has not
-// run on yet, so the refusal can come from QueryContext as well.
+// statement instead, for this replay and, on every Dialect over the pool,
+// for replayRefusalPause after it, so that the pool's replays cost one
+// failed prepare a minute, not one each, and are still answered from the
+// read rather than falling through to a claim. database/sql prepares the
+// statement again on every connection it has not run on yet, so the
+// refusal can come from QueryContext as well. Only with interpolateParams
+// does the text need no prepare; without it database/sql prepares the text
+// too, the server refuses that as well, and the replay falls through to the
+// claim as before.
 func (e *executor) queryCompleted(ctx context.Context, p *idem.GetParams) (*sql.Rows, error) {
 	scope, key := []byte(p.Scope), []byte(p.Key)
-	switch {
-	case p.Now != nil:
+	if p.Now != nil {
 		return e.h.QueryContext(ctx, getCompleted, scope, key, pinned(p.Now))
-	case e.db == nil || e.d.replayRefusedRecently():
+	}
+	if e.db == nil {
 		return e.h.QueryContext(ctx, getCompletedLive, scope, key)
 	}
-	stmt, err := e.d.preparedReplay(ctx)
+	sh := e.d.sharedReplay()
+	if sh.refusedRecently() {
+		return e.h.QueryContext(ctx, getCompletedLive, scope, key)
+	}
+	stmt, err := sh.prepared(ctx, e.db)
 	if err == nil {
 		var rows *sql.Rows
 		if rows, err = stmt.QueryContext(ctx, scope, key); err == nil {
@@ -113,7 +121,7 @@ func (e *executor) queryCompleted(ctx context.Context, p *idem.GetParams) (*sql.
 	if !isPrepareRefused(err) {
 		return nil, err
 	}
-	e.d.replayRefusedAt.Store(time.Now().UnixNano())
+	sh.refused()
 	return e.h.QueryContext(ctx, getCompletedLive, scope, key)
 }
 
@@ -123,55 +131,78 @@ func (e *executor) queryCompleted(ctx context.Context, p *idem.GetParams) (*sql.
 // bounds the failed prepares without giving up on the prepared read.
 const replayRefusalPause = time.Minute
 
-// replayRefusedRecently reports whether the server refused to prepare the
-// replay read less than replayRefusalPause ago.
-func (d *Dialect) replayRefusedRecently() bool {
-	at := d.replayRefusedAt.Load()
-	return at != 0 && time.Since(time.Unix(0, at)) < replayRefusalPause
+// processStart is the origin of sharedReplay.refusedAt: durations since it
+// are monotonic, where a stored wall-clock time would stretch or cut the
+// pause by any step of the system clock.
+var processStart = time.Now()
+
+// sharedReplay is what the Dialects over one pool share about the replay
+// read: the prepared statement and the last refusal to prepare it.
+//
+// The statement belongs to the pool, not to the Dialect, so that a service
+// building Dialects freely, one per tenant or per request, does not leave
+// one more server-side statement per Dialect on each connection until the
+// connection closes, up to the server-wide max_prepared_stmt_count
+// (16 382 by default), where every client of the server, not only idem,
+// would be refused its prepares; and does not pay one refused prepare per
+// Dialect either. database/sql prepares the statement again on each
+// connection it first runs on (one more round trip, once per connection)
+// and drops it with the connection.
+type sharedReplay struct {
+	stmt atomic.Pointer[sql.Stmt]
+	// refusedAt is when the server last refused to prepare the read, as
+	// time since processStart (0: never).
+	refusedAt atomic.Int64
+	// users counts the Dialects that joined; guarded by replayStatements.mu.
+	users int
 }
 
-// preparedReplay returns getCompletedLive prepared on the pool, preparing it
-// on the first call that succeeds. database/sql prepares it again on each
-// connection it first runs on (one more round trip, once per connection)
-// and drops it with the connection; the server holds one statement per open
-// connection of the pool (max_prepared_stmt_count bounds them server-wide,
-// 16 382 by default).
-//
-// The statement belongs to the pool, not to the Dialect: every Dialect over
-// one *sql.DB shares it (see replayStatements), so that a service building
-// Dialects freely, one per tenant or per request, does not leave one more
-// server-side statement per Dialect on each connection until the
-// connection closes, up to the server-wide limit, where every client of
-// the server, not only idem, would be refused its prepares.
-//
-// No lock is held while preparing: a prepare that hangs (the server gone
-// silent) would keep every other replay waiting past its own context. Calls
-// that find nothing prepared each prepare, the first to finish is kept and
-// the others close theirs. A failed prepare keeps nothing: the next replay
-// tries again.
-func (d *Dialect) preparedReplay(ctx context.Context) (*sql.Stmt, error) {
-	if s := d.replayStmt.Load(); s != nil {
+// prepared returns getCompletedLive prepared on db, preparing it on the
+// first call that succeeds. No lock is held while preparing: a prepare
+// that hangs (the server gone silent) would keep every other replay
+// waiting past its own context. Calls that find nothing prepared each
+// prepare, the first to finish is kept and the others close theirs. A
+// failed prepare keeps nothing: the next replay tries again.
+func (sh *sharedReplay) prepared(ctx context.Context, db *sql.DB) (*sql.Stmt, error) {
+	if s := sh.stmt.Load(); s != nil {
 		return s, nil
 	}
-	if s := replayStatements.join(d, nil); s != nil {
-		return s, nil
-	}
-	fresh, err := d.db.PrepareContext(ctx, getCompletedLive)
+	fresh, err := db.PrepareContext(ctx, getCompletedLive)
 	if err != nil {
 		return nil, err
 	}
-	s := replayStatements.join(d, fresh)
-	if s != fresh {
+	if !sh.stmt.CompareAndSwap(nil, fresh) {
 		_ = fresh.Close()
 	}
-	return s, nil
+	return sh.stmt.Load(), nil
 }
 
-// replayStatements holds the prepared replay read of each pool that has
-// one, with the number of Dialects using it. A Dialect joins once, at its
-// first prepared replay; a cleanup on the Dialect leaves when it becomes
-// unreachable, and the last to leave closes the statement, which frees it
-// on the server, and forgets the pool.
+// refused records a refusal to prepare the read.
+func (sh *sharedReplay) refused() {
+	sh.refusedAt.Store(max(int64(time.Since(processStart)), 1))
+}
+
+// refusedRecently reports whether the server refused to prepare the read
+// less than replayRefusalPause ago.
+func (sh *sharedReplay) refusedRecently() bool {
+	at := sh.refusedAt.Load()
+	return at != 0 && time.Since(processStart)-time.Duration(at) < replayRefusalPause
+}
+
+// sharedReplay returns what d's pool shares about the replay read, joining
+// it at d's first replay.
+func (d *Dialect) sharedReplay() *sharedReplay {
+	if sh := d.replay.Load(); sh != nil {
+		return sh
+	}
+	return replayStatements.join(d)
+}
+
+// replayStatements holds, for each pool on which a replay ran, what its
+// Dialects share about the replay read, with the number of Dialects using
+// it. A Dialect joins once, at its first replay; a cleanup on the Dialect
+// leaves when it becomes unreachable, and the last to leave closes the
+// statement, which frees it on the server, and forgets the pool.
 var replayStatements = replayRegistry{byDB: make(map[*sql.DB]*sharedReplay)}
 
 type replayRegistry struct {
@@ -179,41 +210,30 @@ type replayRegistry struct {
 	byDB map[*sql.DB]*sharedReplay
 }
 
-// sharedReplay is one pool's prepared replay read and its users.
-type sharedReplay struct {
-	stmt  *sql.Stmt
-	users int
-}
-
-// join returns the statement of d's pool, making d one of its users if it
-// is not yet. When the pool has none, fresh becomes it; when fresh is nil,
-// join returns nil and records nothing. The cleanup's argument is the pool,
-// which does not reach d, so that it does not keep d alive.
-func (r *replayRegistry) join(d *Dialect, fresh *sql.Stmt) *sql.Stmt {
+// join makes d one of the users of its pool's sharedReplay, creating it
+// if the pool has none. The cleanup's argument is the pool, which does not
+// reach d, so that it does not keep d alive.
+func (r *replayRegistry) join(d *Dialect) *sharedReplay {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if s := d.replayStmt.Load(); s != nil {
-		// Joined meanwhile, by a concurrent first replay of d: the pool's
-		// statement cannot have changed, d's use keeps it.
-		return s
+	if sh := d.replay.Load(); sh != nil {
+		// Joined meanwhile, by a concurrent first replay of d.
+		return sh
 	}
 	sh := r.byDB[d.db]
 	if sh == nil {
-		if fresh == nil {
-			return nil
-		}
-		sh = &sharedReplay{stmt: fresh}
+		sh = &sharedReplay{}
 		r.byDB[d.db] = sh
 	}
 	sh.users++
-	d.replayStmt.Store(sh.stmt)
+	d.replay.Store(sh)
 	runtime.AddCleanup(d, r.leave, d.db)
-	return sh.stmt
+	return sh
 }
 
-// leave ends one Dialect's use of db's statement; the last use closes it.
-// Close runs outside the lock: it may write to the connections it was
-// prepared on.
+// leave ends one Dialect's use of db's sharedReplay; the last use closes
+// the statement. Close runs outside the lock: it may write to the
+// connections it was prepared on.
 func (r *replayRegistry) leave(db *sql.DB) {
 	r.mu.Lock()
 	sh := r.byDB[db]
@@ -228,5 +248,7 @@ func (r *replayRegistry) leave(db *sql.DB) {
 	}
 	delete(r.byDB, db)
 	r.mu.Unlock()
-	_ = sh.stmt.Close()
+	if s := sh.stmt.Load(); s != nil {
+		_ = s.Close()
+	}
 }

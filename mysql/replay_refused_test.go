@@ -25,6 +25,7 @@ type refusingPrepares struct {
 	driver.Connector
 	refuse   atomic.Bool
 	prepares atomic.Int64 // asked of the connections, refused or not
+	begins   atomic.Int64 // transactions begun
 }
 
 // fullConn is what database/sql and the driver's connections offer.
@@ -58,6 +59,11 @@ type refusingConn struct {
 	c *refusingPrepares
 }
 
+func (r *refusingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	r.c.begins.Add(1)
+	return r.fullConn.BeginTx(ctx, opts)
+}
+
 func (r *refusingConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
 	r.c.prepares.Add(1)
 	if r.c.refuse.Load() {
@@ -68,33 +74,40 @@ func (r *refusingConn) PrepareContext(ctx context.Context, query string) (driver
 
 // TestReplayReadAfterPrepareRefused: a server that refuses to prepare the
 // replay read, at its prepare limit, still answers replays from the read,
-// sent as text, and is asked to prepare it once, not once per replay. The
-// refusal comes either from the first prepare or, for a statement already
-// prepared, from database/sql preparing it again on a new connection.
+// sent as text, and is asked to prepare it once per pool, not once per
+// replay nor once per Dialect. The refusal comes either from the first
+// prepare or, for a statement already prepared, from database/sql preparing
+// it again on a new connection.
 func TestReplayReadAfterPrepareRefused(t *testing.T) {
 	t.Parallel()
 	for _, piped := range []bool{false, true} {
 		t.Run(fmt.Sprintf("NewConnector=%v", piped), func(t *testing.T) {
 			t.Parallel()
 			ctx, b := setup(t, newPlain, true)
-			cfg := testServer(t).config(b.name, true)
-			var inner driver.Connector
-			var err error
-			if piped {
-				inner, err = idemmysql.NewConnector(cfg)
-			} else {
-				inner, err = gomysql.NewConnector(cfg)
+			open := func(refuse bool) (*sql.DB, *refusingPrepares) {
+				cfg := testServer(t).config(b.name, true)
+				var inner driver.Connector
+				var err error
+				if piped {
+					inner, err = idemmysql.NewConnector(cfg)
+				} else {
+					inner, err = gomysql.NewConnector(cfg)
+				}
+				require.NoError(t, err)
+				rc := &refusingPrepares{Connector: inner}
+				rc.refuse.Store(refuse)
+				db := sql.OpenDB(rc)
+				t.Cleanup(func() { _ = db.Close() })
+				// One connection at a time: a new one is a new prepare.
+				db.SetMaxOpenConns(1)
+				return db, rc
 			}
-			require.NoError(t, err)
-			rc := &refusingPrepares{Connector: inner}
-			db := sql.OpenDB(rc)
-			t.Cleanup(func() { _ = db.Close() })
-			// One connection at a time: a new one is a new prepare.
-			db.SetMaxOpenConns(1)
 
 			const scope, key, body = "t1/create", "refused", `{"id":7}`
+			db, rc := open(false)
 			d := idemmysql.New(db)
-			store, err := idem.New(d, nil)
+			// Do reads first, so that a replay shows which read answered.
+			store, err := idem.New(d, &idem.Config{ReplayRead: idem.ReplayReadAlways})
 			require.NoError(t, err)
 			fp := idem.NewFingerprint()
 			calls := 0
@@ -105,17 +118,18 @@ func TestReplayReadAfterPrepareRefused(t *testing.T) {
 			_, err = store.Do(ctx, scope, key, fp, fn)
 			require.NoError(t, err)
 
-			reader, ok := d.DB().(idem.ReplayReader)
-			require.True(t, ok)
-			replay := func(r idem.ReplayReader) {
+			replay := func(d *idemmysql.Dialect) {
 				t.Helper()
-				rec, err := r.GetCompleted(ctx, &idem.GetParams{Scope: scope, Key: key})
+				reader, ok := d.DB().(idem.ReplayReader)
+				require.True(t, ok)
+				rec, err := reader.GetCompleted(ctx, &idem.GetParams{Scope: scope, Key: key})
 				require.NoError(t, err)
 				require.JSONEq(t, body, string(rec.Response.Body))
 			}
 
-			// Prepared, on the pool's one connection.
-			replay(reader)
+			// Prepared, on the pool's one connection (Do's own read
+			// prepared it already).
+			replay(d)
 			require.Equal(t, int64(1), rc.prepares.Load())
 
 			// A new connection, on which database/sql prepares it again,
@@ -124,25 +138,31 @@ func TestReplayReadAfterPrepareRefused(t *testing.T) {
 			db.SetMaxIdleConns(0) // closes the idle connection
 			db.SetMaxIdleConns(1)
 			for range 5 {
-				replay(reader)
+				replay(d)
 			}
 			require.Equal(t, int64(2), rc.prepares.Load(), "a refused prepare is not asked again at every replay")
 
-			// Do replays from that read as well, without running fn.
+			// Do answers from that read, without a transaction.
+			begins := rc.begins.Load()
 			res, err := store.Do(ctx, scope, key, fp, fn)
 			require.NoError(t, err)
 			require.True(t, res.Replayed)
 			require.JSONEq(t, body, string(res.Response.Body))
 			require.Equal(t, 1, calls)
+			require.Equal(t, begins, rc.begins.Load(), "the read answered: no claim's transaction")
 
-			// A Dialect of its own over a server that refuses its first
-			// prepare: the same.
-			other, ok := idemmysql.New(db).DB().(idem.ReplayReader)
-			require.True(t, ok)
+			// Another Dialect over the pool knows of the refusal.
 			for range 5 {
-				replay(other)
+				replay(idemmysql.New(db))
 			}
-			require.Equal(t, int64(3), rc.prepares.Load(), "one refused prepare for the new Dialect")
+			require.Equal(t, int64(2), rc.prepares.Load(), "the refusal is the pool's, not one Dialect's")
+
+			// A pool whose first prepare is refused: the same.
+			db2, rc2 := open(true)
+			for range 3 {
+				replay(idemmysql.New(db2))
+			}
+			require.Equal(t, int64(1), rc2.prepares.Load(), "one refused prepare for the pool")
 		})
 	}
 }

@@ -119,11 +119,12 @@ func mysqlFloorLock(fdb *sql.DB, bound bool) func(ctx context.Context, insert fu
 	}
 }
 
-// checkFloorLock is floorlock's part of the exactly-once check: as many
-// processing rows in floorTable (beyond the seeds) and responses as
-// orders.
+// checkFloorLock is the floorlock scenarios' part of the exactly-once
+// check: as many processing rows in floorTable (beyond the seeds), as many
+// responses, and as many of the two paired by key, as orders.
 func checkFloorLock(ctx context.Context, a admin, orders int64) error {
-	claims, err := a.queryInt(ctx, `SELECT COUNT(*) FROM `+floorTable+` f WHERE status = 1 AND`+floorNotSeeded)
+	processing := fmt.Sprint(int(idem.StatusProcessing))
+	claims, err := a.queryInt(ctx, `SELECT COUNT(*) FROM `+floorTable+` f WHERE status = `+processing+` AND`+floorNotSeeded)
 	if err != nil {
 		return fmt.Errorf("count floorlock claims: %w", err)
 	}
@@ -131,8 +132,14 @@ func checkFloorLock(ctx context.Context, a admin, orders int64) error {
 	if err != nil {
 		return fmt.Errorf("count floorlock responses: %w", err)
 	}
-	if claims != orders || responses != orders {
-		return fmt.Errorf("exactly-once check (floorlock): %d claims and %d responses for %d orders", claims, responses, orders)
+	paired, err := a.queryInt(ctx, `SELECT COUNT(*) FROM `+floorTable+` f
+		JOIN `+floorResponsesTable+` r ON r.scope = f.scope AND r.idempotency_key = f.idempotency_key
+		WHERE f.status = `+processing)
+	if err != nil {
+		return fmt.Errorf("count floorlock pairs: %w", err)
+	}
+	if claims != orders || responses != orders || paired != orders {
+		return fmt.Errorf("exactly-once check (floorlock): %d claims, %d responses and %d pairs for %d orders", claims, responses, paired, orders)
 	}
 	return nil
 }

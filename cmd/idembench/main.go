@@ -71,12 +71,12 @@
 //	          indexes). A target of do ÷ bare above floor ÷ bare is out of reach
 //	floortx   the same as separate statements in a transaction begun as a caller's:
 //	          the floor of tx (ClaimTx + CompleteTx); on SQLite, floor's statements
-//	floorlock (MySQL/MariaDB only) the least a Do that holds the key before its
+//	floorlock (MariaDB only: compound statements) the least a Do that holds the key before its
 //	          callback runs must write: BEGIN with the INSERT of a processing row; the
 //	          shape; the response INSERTed into a table of its own with COMMIT (no
 //	          UPDATE, no read). A target of do ÷ bare above floorlock ÷ bare is out of
 //	          reach for Do's default claim; floor remains the bound of doopt
-//	floorlockbound (MySQL/MariaDB only) floorlock with what Do's claim owes its contract
+//	floorlockbound (MariaDB only: SET STATEMENT, RETURNING) floorlock with what Do's claim owes its contract
 //	          besides the lock: its wait bounded (SET STATEMENT innodb_lock_wait_timeout),
 //	          the record's times the database's clock, returned by RETURNING
 //	separate  Store.Claim committed first, then BEGIN; the shape; CompleteTx; COMMIT
