@@ -41,9 +41,11 @@
 // the server keeps one statement per open connection of the pool, which
 // counts against max_prepared_stmt_count. Every Dialect over one *sql.DB
 // shares that statement, however many are built, and the last of them to
-// be garbage collected closes it. A proxy between the service and
-// the server must pass prepared statements through, as it must for any pool
-// without interpolateParams.
+// be garbage collected closes it. A server that refuses the prepare (error
+// 1295, or 1461 at max_prepared_stmt_count) gets the read as text, on
+// every Dialect over the pool, for a minute before the next attempt. A
+// proxy between the service and the server must pass prepared statements
+// through, as it must for any pool without interpolateParams.
 //
 //	root@tcp(127.0.0.1:3306)/app?parseTime=true&interpolateParams=true&readTimeout=30s&writeTimeout=30s
 //
