@@ -12,6 +12,10 @@ func NewSessionVariablePath(db *sql.DB, opts ...Option) *Dialect {
 	return d
 }
 
+// DriverConn is every interface of the driver's connection that
+// database/sql uses, for the tests' wrapping connectors.
+type DriverConn = driverConn
+
 // Statements whose plans the tests EXPLAIN.
 const (
 	ListStaleLeasesQuery = listStaleLeases

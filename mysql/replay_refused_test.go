@@ -28,40 +28,27 @@ type refusingPrepares struct {
 	begins   atomic.Int64 // transactions begun
 }
 
-// fullConn is what database/sql and the driver's connections offer.
-type fullConn interface {
-	driver.Conn
-	driver.ConnBeginTx
-	driver.ConnPrepareContext
-	driver.ExecerContext
-	driver.QueryerContext
-	driver.Pinger
-	driver.SessionResetter
-	driver.Validator
-	driver.NamedValueChecker
-}
-
 func (c *refusingPrepares) Connect(ctx context.Context) (driver.Conn, error) {
 	conn, err := c.Connector.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	fc, ok := conn.(fullConn)
+	fc, ok := conn.(idemmysql.DriverConn)
 	if !ok {
 		_ = conn.Close()
 		return nil, fmt.Errorf("connection %T lacks methods database/sql uses", conn)
 	}
-	return &refusingConn{fullConn: fc, c: c}, nil
+	return &refusingConn{DriverConn: fc, c: c}, nil
 }
 
 type refusingConn struct {
-	fullConn
+	idemmysql.DriverConn
 	c *refusingPrepares
 }
 
 func (r *refusingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	r.c.begins.Add(1)
-	return r.fullConn.BeginTx(ctx, opts)
+	return r.DriverConn.BeginTx(ctx, opts)
 }
 
 func (r *refusingConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
@@ -69,7 +56,7 @@ func (r *refusingConn) PrepareContext(ctx context.Context, query string) (driver
 	if r.c.refuse.Load() {
 		return nil, &gomysql.MySQLError{Number: 1461, Message: "Can't create more than max_prepared_stmt_count statements"}
 	}
-	return r.fullConn.PrepareContext(ctx, query)
+	return r.DriverConn.PrepareContext(ctx, query)
 }
 
 // TestReplayReadAfterPrepareRefused: a server that refuses to prepare the
