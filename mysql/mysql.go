@@ -57,9 +57,9 @@ type waitPrefix struct {
 // claimStatements are the claim's statements with one prefix prepended.
 type claimStatements struct {
 	prefix, insert, insertReturning, sel string
-	// beginInsertReturning is START TRANSACTION and insertReturning in one
-	// compound statement, for a transaction of BeginClaim.
-	beginInsertReturning string
+	// beginInsert is START TRANSACTION and insert in one compound
+	// statement, for a transaction of BeginClaim.
+	beginInsert string
 }
 
 // claimStatementsFor returns the claim's statements prefixed by prefix.
@@ -73,7 +73,7 @@ func (d *Dialect) claimStatementsFor(prefix string) *claimStatements {
 		insertReturning: prefix + claimInsertReturning,
 		sel:             prefix + claimSelect,
 
-		beginInsertReturning: beginWith(prefix + claimInsertReturning),
+		beginInsert: beginWith(prefix + claimInsert),
 	}
 	d.claimSQL.Store(c)
 	return c
@@ -374,17 +374,34 @@ func claim(ctx context.Context, h dbtx, p *idem.ClaimParams, q *claimStatements,
 		now, p.Retention.Microseconds(),
 	}
 	var err error
-	if mariaDB {
-		var lease, created, expires dbTime
-		qctx := ctx
-		if ctx.Value(lazyBeginKey{}) != nil {
-			// The first statement of BeginClaim's transaction carries its
-			// START TRANSACTION (see pipeConn).
-			qctx = context.WithValue(ctx, firstStatementKey{}, q.beginInsertReturning)
-		} else {
-			// Prepared on a pool of NewConnector (ignored elsewhere).
-			qctx = context.WithValue(ctx, preparedKey{}, true)
+	switch {
+	case mariaDB && ctx.Value(lazyBeginKey{}) != nil:
+		// The first statement of BeginClaim's transaction (Do's) carries
+		// its START TRANSACTION (see pipeConn), and returns nothing: the
+		// server's times returned by RETURNING cost MariaDB about a tenth
+		// of a small Do's throughput (docs/performance.md, round 11). The
+		// stored times are still the server's; the record returned carries
+		// them as of the client's clock (the pinned one, when set, exactly),
+		// as PostgreSQL's deferred claim estimates its lease. Do's holder
+		// keeps the row lock to its commit, so nothing decides on them.
+		qctx := context.WithValue(ctx, firstStatementKey{}, q.beginInsert)
+		if _, err = h.ExecContext(qctx, q.insert, args[:]...); err == nil {
+			at := truncate(time.Now())
+			if p.Now != nil {
+				at = truncate(*p.Now)
+			}
+			rec := &idem.Record{
+				Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint,
+				Status: idem.StatusProcessing, Token: p.Token, Attempt: 1,
+				LeaseExpiresAt: at.Add(p.LeaseDuration.Truncate(time.Microsecond)), CreatedAt: at, UpdatedAt: at,
+				ExpiresAt: at.Add(p.Retention.Truncate(time.Microsecond)),
+			}
+			return &idem.ClaimResult{Record: rec, Created: true, Now: at}, nil
 		}
+	case mariaDB:
+		var lease, created, expires dbTime
+		// Prepared on a pool of NewConnector (ignored elsewhere).
+		qctx := context.WithValue(ctx, preparedKey{}, true)
 		err = h.QueryRowContext(qctx, q.insertReturning, args[:]...).Scan(&lease, &created, &expires)
 		if err == nil {
 			// Exactly the stored record; created_at is the statement's clock.
@@ -396,7 +413,7 @@ func claim(ctx context.Context, h dbtx, p *idem.ClaimParams, q *claimStatements,
 			}
 			return &idem.ClaimResult{Record: rec, Created: true, Now: created.Time}, nil
 		}
-	} else {
+	default:
 		_, err = h.ExecContext(ctx, q.insert, args[:]...)
 	}
 	created := err == nil
