@@ -95,6 +95,8 @@ type floorRunner[TTx any] struct {
 	// lockBound is floorlockbound's (MariaDB only): see
 	// mysqlFloorLockBoundClaim.
 	lockBound func(ctx context.Context, insert func(context.Context, TTx, string) error, scope string) error
+	// resp is floorresp's (MariaDB only): see mysqlFloorRespClaim.
+	resp func(ctx context.Context, insert func(context.Context, TTx, string) error, scope string) error
 	// tx is floortx's: the same in a transaction begun as a caller begins
 	// one, each statement sent alone.
 	tx    func(ctx context.Context, insert func(context.Context, TTx, string) error, scope string) error
@@ -138,6 +140,8 @@ func (l *level[TTx]) floorScenarios(insert func(context.Context, TTx, string) er
 					run = fr.tx
 				case bound:
 					run = fr.lockBound
+				case writes == writesFloorResp:
+					run = fr.resp
 				case writes == writesFloorLock:
 					run = fr.lock
 				default:
@@ -154,7 +158,8 @@ func (l *level[TTx]) floorScenarios(insert func(context.Context, TTx, string) er
 	}
 	all := []*scenario{mk("floor", false, writesFloor), mk("floortx", true, writesFloor)}
 	if l.p.floorLock {
-		all = append(all, mk("floorlock", false, writesFloorLock), mk("floorlockbound", false, writesFloorLock))
+		all = append(all, mk("floorlock", false, writesFloorLock), mk("floorlockbound", false, writesFloorLock),
+			mk("floorresp", false, writesFloorResp))
 	}
 	return all
 }

@@ -81,6 +81,87 @@ VALUES (?, ?, ?, ?, ?, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTA
 RETURNING lease_expires_at, created_at, expires_at;
 END`
 
+// The floorresp scenario's statements (MariaDB): a schema of two tables as
+// Do would write it with its contract, the least such a design sends. The
+// claim is Do's own (idemmysql's claimInsert: the wait bounded by SET
+// STATEMENT, the record's times the server's, nothing returned); the
+// completion inserts the response into a table shaped as such a design
+// needs it (the token, so that a stale row is told apart, and expires_at
+// with its index, for the reaper), guarded as it must be: a transaction the
+// server rolled back during the callback (a deadlock, 1213) leaves the
+// connection outside any transaction, and the completion must then fail
+// instead of committing a response alone; ON DUPLICATE KEY UPDATE
+// overwrites a response row left by an earlier record of the key (taken
+// over, or deleted by an operator half way). What it leaves out, against a
+// real design, is the fencing check of a claim that took a record over
+// (its UPDATE path) and every read's join of the two tables.
+const (
+	floorRespTable = "idembench_floor_resp"
+
+	mysqlFloorRespTable = `CREATE TABLE ` + floorRespTable + ` (
+	scope            VARBINARY(255) NOT NULL,
+	idempotency_key  VARBINARY(255) NOT NULL,
+	token            BIGINT         NOT NULL,
+	status           SMALLINT       NOT NULL,
+	response_status  INT            NULL,
+	response_headers MEDIUMBLOB     NULL,
+	response_body    LONGBLOB       NULL,
+	completed_at     DATETIME(6)    NOT NULL,
+	expires_at       DATETIME(6)    NOT NULL,
+	PRIMARY KEY (scope, idempotency_key),
+	INDEX idembench_floor_resp_expires_at_idx (expires_at)
+) ENGINE = InnoDB`
+
+	floorNow = "COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6))"
+
+	mysqlFloorRespClaim = "BEGIN NOT ATOMIC\nSTART TRANSACTION;\nSET STATEMENT innodb_lock_wait_timeout=5 FOR INSERT INTO " + floorTable + ` (
+	scope, idempotency_key, fingerprint, status, token, attempt,
+	lease_expires_at, created_at, updated_at, expires_at)
+VALUES (?, ?, ?, ?, ?, 1,
+	DATE_ADD(` + floorNow + `, INTERVAL ? MICROSECOND), ` + floorNow + `, ` + floorNow + `,
+	DATE_ADD(` + floorNow + `, INTERVAL ? MICROSECOND));
+END`
+	mysqlFloorRespComplete = `BEGIN NOT ATOMIC
+IF @@in_transaction = 0 THEN
+	SIGNAL SQLSTATE '45000' SET MYSQL_ERRNO = 1644, MESSAGE_TEXT = 'idembench: completion outside its transaction';
+END IF;
+INSERT INTO ` + floorRespTable + ` (
+	scope, idempotency_key, token, status, response_status, response_headers, response_body, completed_at, expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ` + floorNow + `, DATE_ADD(` + floorNow + `, INTERVAL ? MICROSECOND))
+ON DUPLICATE KEY UPDATE token = VALUES(token), status = VALUES(status), response_status = VALUES(response_status),
+	response_headers = VALUES(response_headers), response_body = VALUES(response_body),
+	completed_at = VALUES(completed_at), expires_at = VALUES(expires_at);
+COMMIT;
+END`
+)
+
+// mysqlFloorResp is the operation of floorresp on fdb, a pool of
+// floorConnector.
+func mysqlFloorResp(fdb *sql.DB) func(ctx context.Context, insert func(context.Context, *sql.Tx, string) error, scope string) error {
+	return func(ctx context.Context, insert func(context.Context, *sql.Tx, string) error, scope string) error {
+		r := newFloorRow(scope, workload.NewKey())
+		tx, err := fdb.BeginTx(context.WithValue(ctx, floorLazyKey{}, true), nil)
+		if err != nil {
+			return fmt.Errorf("floorresp: begin: %w", err)
+		}
+		defer func() { _ = tx.Rollback() }() // after the COMMIT: sends nothing
+		qctx := context.WithValue(ctx, floorFirstKey{}, mysqlFloorRespClaim)
+		if _, err := tx.ExecContext(qctx, mysqlFloorRespClaim, r.scope, r.key, fingerprint[:],
+			int16(idem.StatusProcessing), r.token, nil, floorLease.Microseconds(), nil, nil, nil, floorRetention.Microseconds()); err != nil {
+			return fmt.Errorf("floorresp: claim: %w", err)
+		}
+		if err := insert(ctx, tx, scope); err != nil {
+			return err
+		}
+		cctx := context.WithValue(ctx, floorCommitsKey{}, true)
+		if _, err := tx.ExecContext(cctx, mysqlFloorRespComplete, r.scope, r.key, r.token, int16(idem.StatusSucceeded),
+			int32(response.StatusCode), floorHeader, response.Body, nil, nil, floorRetention.Microseconds()); err != nil {
+			return fmt.Errorf("floorresp: complete: %w", err)
+		}
+		return tx.Commit()
+	}
+}
+
 // mysqlFloorLock is the operation of floorlock on fdb, a pool of
 // floorConnector, or with bound of floorlockbound.
 func mysqlFloorLock(fdb *sql.DB, bound bool) func(ctx context.Context, insert func(context.Context, *sql.Tx, string) error, scope string) error {
@@ -121,19 +202,20 @@ func mysqlFloorLock(fdb *sql.DB, bound bool) func(ctx context.Context, insert fu
 
 // checkFloorLock is the floorlock scenarios' part of the exactly-once
 // check: as many processing rows in floorTable (beyond the seeds), as many
-// responses, and as many of the two paired by key, as orders.
-func checkFloorLock(ctx context.Context, a admin, orders int64) error {
+// responses in responses (floorResponsesTable, or floorRespTable for
+// floorresp), and as many of the two paired by key, as orders.
+func checkFloorLock(ctx context.Context, a admin, responsesTable string, orders int64) error {
 	processing := fmt.Sprint(int(idem.StatusProcessing))
 	claims, err := a.queryInt(ctx, `SELECT COUNT(*) FROM `+floorTable+` f WHERE status = `+processing+` AND`+floorNotSeeded)
 	if err != nil {
 		return fmt.Errorf("count floorlock claims: %w", err)
 	}
-	responses, err := a.queryInt(ctx, `SELECT COUNT(*) FROM `+floorResponsesTable)
+	responses, err := a.queryInt(ctx, `SELECT COUNT(*) FROM `+responsesTable)
 	if err != nil {
 		return fmt.Errorf("count floorlock responses: %w", err)
 	}
 	paired, err := a.queryInt(ctx, `SELECT COUNT(*) FROM `+floorTable+` f
-		JOIN `+floorResponsesTable+` r ON r.scope = f.scope AND r.idempotency_key = f.idempotency_key
+		JOIN `+responsesTable+` r ON r.scope = f.scope AND r.idempotency_key = f.idempotency_key
 		WHERE f.status = `+processing)
 	if err != nil {
 		return fmt.Errorf("count floorlock pairs: %w", err)
@@ -200,13 +282,13 @@ func mysqlFloor(s *idem.Store[*sql.Tx], fdb *sql.DB) *floorRunner[*sql.Tx] {
 			_, err := tx.ExecContext(ctx, mysqlFloorInsert, r.args()...)
 			return err
 		})
-	var lock, lockBound func(context.Context, func(context.Context, *sql.Tx, string) error, string) error
+	var lock, lockBound, resp func(context.Context, func(context.Context, *sql.Tx, string) error, string) error
 	if fdb == nil {
 		do = nil
 	} else {
-		lock, lockBound = mysqlFloorLock(fdb, false), mysqlFloorLock(fdb, true)
+		lock, lockBound, resp = mysqlFloorLock(fdb, false), mysqlFloorLock(fdb, true), mysqlFloorResp(fdb)
 	}
-	return &floorRunner[*sql.Tx]{do: do, lock: lock, lockBound: lockBound, tx: tx, close: func() {}}
+	return &floorRunner[*sql.Tx]{do: do, lock: lock, lockBound: lockBound, resp: resp, tx: tx, close: func() {}}
 }
 
 // Context keys of floorConn.

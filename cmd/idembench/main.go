@@ -79,6 +79,12 @@
 //	floorlockbound (MariaDB only: SET STATEMENT, RETURNING) floorlock with what Do's claim owes its contract
 //	          besides the lock: its wait bounded (SET STATEMENT innodb_lock_wait_timeout),
 //	          the record's times the database's clock, returned by RETURNING
+//	floorresp (MariaDB only) a schema of two tables as Do would write it, its contract kept:
+//	          Do's own claim (the wait bounded, the database's clock, nothing returned);
+//	          the shape; the response INSERTed, guarded against a transaction the
+//	          server rolled back and overwriting a stale row (ON DUPLICATE KEY UPDATE),
+//	          into a table with the token and expires_at (indexed, for the reaper), with
+//	          COMMIT. Without the joins such a schema costs every read
 //	separate  Store.Claim committed first, then BEGIN; the shape; CompleteTx; COMMIT
 //	leased    Store.Acquire, then BEGIN; the shape; Lease.CompleteTx; COMMIT
 //	replay    Store.Do on a completed key (the stored response comes back)
@@ -140,7 +146,7 @@ const (
 )
 
 var allScenarios = []string{
-	"bare", "tx", "do", "doopt", "floor", "floortx", "floorlock", "floorlockbound", "separate", "leased", "replay", "cachedreplay", "get", "pkselect",
+	"bare", "tx", "do", "doopt", "floor", "floortx", "floorlock", "floorlockbound", "floorresp", "separate", "leased", "replay", "cachedreplay", "get", "pkselect",
 	"hotkeys", "prefill", "reaper", "redis", "httpplain", "http", "httpopt", "httppk", "httpreplay",
 }
 

@@ -20,6 +20,7 @@ const (
 	writesRedis                      // an order and a Redis key holding the response per operation
 	writesFloor                      // an order and a finished row of floorTable per operation
 	writesFloorLock                  // an order, a processing row of floorTable and a row of floorResponsesTable per operation
+	writesFloorResp                  // an order, a processing row of floorTable and a row of floorRespTable per operation
 )
 
 // scenario is one kind of operation the tool measures.

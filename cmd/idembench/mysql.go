@@ -34,6 +34,7 @@ var mysqlStatements = statements{
 		`TRUNCATE TABLE orders`,
 		`TRUNCATE TABLE ` + floorTable,
 		`TRUNCATE TABLE ` + floorResponsesTable,
+		`TRUNCATE TABLE ` + floorRespTable,
 		`INSERT INTO idempotency_keys (` + mysqlRecordColumns + `) SELECT ` + mysqlRecordColumns + ` FROM idembench_seed`,
 		floorSeed(""),
 		`ANALYZE TABLE idempotency_keys, orders, order_lines, products, ` + floorTable,
@@ -114,7 +115,7 @@ func newMySQLBackend(ctx context.Context, dsn string) (*backend[*sql.Tx], error)
 			if err := idemmysql.Migrate(ctx, db); err != nil {
 				return false, fmt.Errorf("migrate: %w", err)
 			}
-			for _, q := range append(workload.Tables(workload.MySQL), mysqlFloorTable, mysqlFloorResponsesTable) {
+			for _, q := range append(workload.Tables(workload.MySQL), mysqlFloorTable, mysqlFloorResponsesTable, mysqlFloorRespTable) {
 				if _, err := db.ExecContext(ctx, q); err != nil {
 					return false, err
 				}

@@ -21,8 +21,8 @@ import (
 // small, 8 for order), Do's the same (PostgreSQL's pgx batches; MariaDB's
 // compound statements of idemmysql.NewConnector carry BEGIN and COMMIT),
 // floor's those of Do, measured in the same run (on MariaDB also the
-// optimistic Store's, alone and under the middleware, and floorlock's and
-// floorlockbound's),
+// optimistic Store's, alone and under the middleware, and floorlock's,
+// floorlockbound's and floorresp's),
 // floortx's 2 more (the read
 // and the INSERT, each alone in a caller's transaction), and the
 // exactly-once checks must pass on a real server.
@@ -40,7 +40,7 @@ func TestRoundTripsThroughTheProxy(t *testing.T) {
 				return "", err
 			}
 			return cfg.Addr, nil
-		}), extra: []string{"doopt", "httpopt", "floorlock", "floorlockbound"}},
+		}), extra: []string{"doopt", "httpopt", "floorlock", "floorlockbound", "floorresp"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

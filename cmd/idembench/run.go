@@ -297,7 +297,10 @@ func checkWrites[TTx any](ctx context.Context, b *backend[TTx], a admin, sc *sce
 		errs = append(errs, checkFloor(ctx, b, a, orders))
 	}
 	if sc.writes == writesFloorLock {
-		errs = append(errs, checkFloorLock(ctx, a, orders))
+		errs = append(errs, checkFloorLock(ctx, a, floorResponsesTable, orders))
+	}
+	if sc.writes == writesFloorResp {
+		errs = append(errs, checkFloorLock(ctx, a, floorRespTable, orders))
 	}
 	if sc.writes == writesRedis {
 		done, pending, err := sc.redisKeys(ctx)

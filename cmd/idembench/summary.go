@@ -240,6 +240,12 @@ var goals = []goal{
 		value: over("do", "bare"), floor: over("floorlockbound", "bare"), least: 0.55},
 	{name: "MariaDB Do ≥ 0.80× Redis on order, RTT 0, beside a locking claim's floor with its wait bound and the database clock (floorlockbound)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"order"},
 		value: over("do", "redis"), floor: over("floorlockbound", "redis"), least: 0.80},
+	// The same two, beside the floor of a schema of two tables that keeps
+	// Do's contract (floorresp).
+	{name: "MariaDB Do ≥ 0.55× bare, beside a two-table schema's floor (floorresp)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"small"},
+		value: over("do", "bare"), floor: over("floorresp", "bare"), least: 0.55},
+	{name: "MariaDB Do ≥ 0.80× Redis on order, RTT 0, beside a two-table schema's floor (floorresp)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"order"},
+		value: over("do", "redis"), floor: over("floorresp", "redis"), least: 0.80},
 	// The same two targets met by Do with idemmysql.WithOptimisticDo.
 	{name: "MariaDB Do ≥ 0.55× bare, optimistic (doopt)", dialects: []string{"mysql"}, rtts: []string{"direct"}, shapes: []string{"small"},
 		value: over("doopt", "bare"), floor: over("floor", "bare"), least: 0.55},
