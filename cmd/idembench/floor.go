@@ -89,8 +89,8 @@ type floorRunner[TTx any] struct {
 	// finished record's INSERT; COMMIT, in as many round trips as Do (nil
 	// when the runner was opened for floortx).
 	do func(ctx context.Context, insert func(context.Context, TTx, string) error, scope string) error
-	// lock is floorlock's (MariaDB only, nil elsewhere and for floortx):
-	// see mysqlFloorLockClaim.
+	// lock is floorlock's: on MariaDB see mysqlFloorLockClaim, on
+	// PostgreSQL pgFloorTryLock (nil on SQLite).
 	lock func(ctx context.Context, insert func(context.Context, TTx, string) error, scope string) error
 	// lockBound is floorlockbound's (MariaDB only): see
 	// mysqlFloorLockBoundClaim.
@@ -126,7 +126,6 @@ func floorTxOp[TTx any](s *idem.Store[TTx], read func(ctx context.Context, tx TT
 // on the main pools for its measurement.
 func (l *level[TTx]) floorScenarios(insert func(context.Context, TTx, string) error) []*scenario {
 	mk := func(name string, callerTx bool, writes writeKind) *scenario {
-		bound := name == "floorlockbound"
 		var run func(context.Context, func(context.Context, TTx, string) error, string) error
 		return &scenario{
 			name: name, writes: writes,
@@ -135,15 +134,15 @@ func (l *level[TTx]) floorScenarios(insert func(context.Context, TTx, string) er
 				if err != nil {
 					return nil, fmt.Errorf("open floor: %w", err)
 				}
-				switch {
-				case callerTx:
+				switch name {
+				case "floortx":
 					run = fr.tx
-				case bound:
-					run = fr.lockBound
-				case writes == writesFloorResp:
-					run = fr.resp
-				case writes == writesFloorLock:
+				case "floorlock":
 					run = fr.lock
+				case "floorlockbound":
+					run = fr.lockBound
+				case "floorresp":
+					run = fr.resp
 				default:
 					run = fr.do
 				}
@@ -157,9 +156,12 @@ func (l *level[TTx]) floorScenarios(insert func(context.Context, TTx, string) er
 		}
 	}
 	all := []*scenario{mk("floor", false, writesFloor), mk("floortx", true, writesFloor)}
-	if l.p.floorLock {
+	switch {
+	case l.p.floorLock:
 		all = append(all, mk("floorlock", false, writesFloorLock), mk("floorlockbound", false, writesFloorLock),
 			mk("floorresp", false, writesFloorResp))
+	case l.p.floorKeyLock:
+		all = append(all, mk("floorlock", false, writesFloor))
 	}
 	return all
 }

@@ -71,11 +71,13 @@
 //	          indexes). A target of do ÷ bare above floor ÷ bare is out of reach
 //	floortx   the same as separate statements in a transaction begun as a caller's:
 //	          the floor of tx (ClaimTx + CompleteTx); on SQLite, floor's statements
-//	floorlock (MariaDB only: compound statements) the least a Do that holds the key before its
-//	          callback runs must write: BEGIN with the INSERT of a processing row; the
-//	          shape; the response INSERTed into a table of its own with COMMIT (no
-//	          UPDATE, no read). A target of do ÷ bare above floorlock ÷ bare is out of
-//	          reach for Do's default claim; floor remains the bound of doopt
+//	floorlock (MariaDB, PostgreSQL) the least a Do that holds the key before its callback
+//	          runs must send. MariaDB (compound statements): BEGIN with the INSERT of a
+//	          processing row; the shape; the response INSERTed into a table of its own with
+//	          COMMIT (no UPDATE, no read). PostgreSQL: floor with the key's advisory lock
+//	          (pg_try_advisory_xact_lock, as Do's claim takes it) before the read, in the
+//	          same batch. A target of do ÷ bare above floorlock ÷ bare is out of reach for
+//	          Do's default claim; on MariaDB floor remains the bound of doopt
 //	floorlockbound (MariaDB only: SET STATEMENT, RETURNING) floorlock with what Do's claim owes its contract
 //	          besides the lock: its wait bounded (SET STATEMENT innodb_lock_wait_timeout),
 //	          the record's times the database's clock, returned by RETURNING

@@ -86,6 +86,13 @@ WHERE scope = $1 AND idempotency_key = $2`
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`
 )
 
+// pgFloorTryLock is floorlock's lock on PostgreSQL: the transaction-level
+// advisory lock on the key's hash that Do's deferred claim takes before its
+// read (idem's postgres claimTryLock, without its look for a committed
+// record and its clock), so that a second call of the key waits instead of
+// running the callback too. A fresh key's lock is always free here.
+const pgFloorTryLock = `SELECT pg_try_advisory_xact_lock(hashtextextended($2::text, hashtextextended($1::text, '` + floorTable + `'::regclass::oid::bigint)))`
+
 // pgFloorScan scans a row of pgFloorRead, for a fresh key none: nil then.
 func pgFloorScan(row pgx.Row) error {
 	var (
@@ -111,9 +118,15 @@ func pgFloorScan(row pgx.Row) error {
 // pgFloor runs the floor scenarios on pool, whose Store is s. floor sends
 // what Do sends for a fresh key: BEGIN and the read in one batch (Do's
 // BEGIN and deferred claim), the shape, then the INSERT and COMMIT in one
-// batch (Do's completion).
+// batch (Do's completion). floorlock is the same with the key's advisory
+// lock taken in the first batch, before the read, as Do's claim takes it.
 func pgFloor(pool *pgxpool.Pool, s *idem.Store[pgx.Tx]) *floorRunner[pgx.Tx] {
-	do := func(ctx context.Context, insert func(context.Context, pgx.Tx, string) error, scope string) (err error) {
+	return &floorRunner[pgx.Tx]{do: pgFloorDo(pool, false), lock: pgFloorDo(pool, true), tx: pgFloorTx(s), close: func() {}}
+}
+
+// pgFloorDo is floor's operation on pool, floorlock's with lock.
+func pgFloorDo(pool *pgxpool.Pool, lock bool) func(ctx context.Context, insert func(context.Context, pgx.Tx, string) error, scope string) error {
+	return func(ctx context.Context, insert func(context.Context, pgx.Tx, string) error, scope string) (err error) {
 		r := newFloorRow(scope, workload.NewKey())
 		conn, err := pool.Acquire(ctx)
 		if err != nil {
@@ -122,10 +135,19 @@ func pgFloor(pool *pgxpool.Pool, s *idem.Store[pgx.Tx]) *floorRunner[pgx.Tx] {
 		defer conn.Release()
 		b := &pgx.Batch{}
 		b.BeginTx(pgx.TxOptions{})
+		if lock {
+			b.Queue(pgFloorTryLock, r.scope, r.key)
+		}
 		b.Queue(pgFloorRead, r.scope, r.key)
 		br := conn.Conn().SendBatch(ctx, b)
 		tx := br.Tx()
 		_, err = br.Exec()
+		if err == nil && lock {
+			var locked bool
+			if err = br.QueryRow().Scan(&locked); err == nil && !locked {
+				err = errors.New("floorlock: a fresh key's lock is held")
+			}
+		}
 		if err == nil {
 			err = pgFloorScan(br.QueryRow())
 		}
@@ -167,7 +189,11 @@ func pgFloor(pool *pgxpool.Pool, s *idem.Store[pgx.Tx]) *floorRunner[pgx.Tx] {
 		committed = true
 		return nil
 	}
-	tx := floorTxOp(s,
+}
+
+// pgFloorTx is floortx's operation on s.
+func pgFloorTx(s *idem.Store[pgx.Tx]) func(ctx context.Context, insert func(context.Context, pgx.Tx, string) error, scope string) error {
+	return floorTxOp(s,
 		func(ctx context.Context, tx pgx.Tx, r *floorRow) error {
 			return pgFloorScan(tx.QueryRow(ctx, pgFloorRead, r.scope, r.key))
 		},
@@ -175,7 +201,6 @@ func pgFloor(pool *pgxpool.Pool, s *idem.Store[pgx.Tx]) *floorRunner[pgx.Tx] {
 			_, err := tx.Exec(ctx, pgFloorInsert, r.args()...)
 			return err
 		})
-	return &floorRunner[pgx.Tx]{do: do, tx: tx, close: func() {}}
 }
 
 // newPGBackend returns the PostgreSQL backend on the server of url; each
@@ -254,7 +279,7 @@ func newPGBackend(ctx context.Context, url string) (*backend[pgx.Tx], error) {
 			return pool.QueryRow(ctx, pgSelect, scope, key).Scan(&status, &fp, &code, &hdr, &bdy, &expires)
 		}
 		return &pools[pgx.Tx]{
-			store: store, readStore: store, admin: pgAdmin{adm},
+			store: store, readStore: store, admin: pgAdmin{adm}, floorKeyLock: true,
 			pkSelect: pkSelect, storePKSelect: pkSelect,
 			openFloor: func(context.Context, bool) (*floorRunner[pgx.Tx], error) { return pgFloor(pool, store), nil },
 			close:     func() { pool.Close(); adm.Close() },

@@ -33,7 +33,7 @@ func TestRoundTripsThroughTheProxy(t *testing.T) {
 		// extra are the dialect's own scenarios with Do's round trips.
 		extra []string
 	}{
-		{name: "postgres", db: testdb.PostgresURL(t)},
+		{name: "postgres", db: testdb.PostgresURL(t), extra: []string{"floorlock"}},
 		{name: "mysql", db: "mysql://" + testdb.MySQLDSN(t, func(dsn string) (string, error) {
 			cfg, err := gomysql.ParseDSN(dsn)
 			if err != nil {

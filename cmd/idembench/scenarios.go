@@ -66,8 +66,12 @@ type pools[TTx any] struct {
 	// (idemmysql.WithOptimisticDo), on the same pool; nil on the dialects
 	// that have none.
 	optStore *idem.Store[TTx]
-	// floorLock: openFloor's runner measures floorlock (MariaDB).
+	// floorLock: openFloor's runner measures floorlock, floorlockbound and
+	// floorresp (MariaDB).
 	floorLock bool
+	// floorKeyLock: openFloor's runner measures floorlock, the floor with
+	// the key's advisory lock (PostgreSQL).
+	floorKeyLock bool
 	// admin runs the tool's own statements on the namespace.
 	admin admin
 	// openFloor opens the floor scenarios' runner on these pools, for

@@ -275,6 +275,12 @@ var goals = []goal{
 		value: over("do", "redis"), floor: over("floor", "redis"), least: 0.80},
 	{name: "Do ≥ 1.1× Redis", dialects: pgMySQL, rtts: delayed, shapes: bothShapes,
 		value: over("do", "redis"), floor: over("floor", "redis"), least: 1.1},
+	// PostgreSQL's Do beside the floor with the key's lock (floorlock):
+	// floor takes none, and Do's claim does.
+	{name: "Do ≥ 1.1× Redis, beside the floor of a claim that locks (floorlock)", dialects: []string{"postgres"}, rtts: delayed, shapes: bothShapes,
+		value: over("do", "redis"), floor: over("floorlock", "redis"), least: 1.1},
+	{name: "Do ≥ 0.95× Redis on order, RTT 0, beside the floor of a claim that locks (floorlock)", dialects: []string{"postgres"}, rtts: []string{"direct"}, shapes: []string{"order"},
+		value: over("do", "redis"), floor: over("floorlock", "redis"), least: 0.95},
 	// The middleware's floor is a handler whose protection costs what
 	// floor does: httpplain × floor ÷ bare.
 	{name: "middleware ≥ 1.1× Redis (http ÷ redis)", dialects: pgMySQL, rtts: delayed, shapes: bothShapes,
