@@ -114,6 +114,8 @@ const (
 
 	floorNow = "COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6))"
 
+	// The wait bound is Config.WaitTimeout's default, 5 s, as the Store
+	// the tool measures uses it.
 	mysqlFloorRespClaim = "BEGIN NOT ATOMIC\nSTART TRANSACTION;\nSET STATEMENT innodb_lock_wait_timeout=5 FOR INSERT INTO " + floorTable + ` (
 	scope, idempotency_key, fingerprint, status, token, attempt,
 	lease_expires_at, created_at, updated_at, expires_at)
@@ -208,20 +210,20 @@ func checkFloorLock(ctx context.Context, a admin, responsesTable string, orders 
 	processing := fmt.Sprint(int(idem.StatusProcessing))
 	claims, err := a.queryInt(ctx, `SELECT COUNT(*) FROM `+floorTable+` f WHERE status = `+processing+` AND`+floorNotSeeded)
 	if err != nil {
-		return fmt.Errorf("count floorlock claims: %w", err)
+		return fmt.Errorf("count claims beside %s: %w", responsesTable, err)
 	}
 	responses, err := a.queryInt(ctx, `SELECT COUNT(*) FROM `+responsesTable)
 	if err != nil {
-		return fmt.Errorf("count floorlock responses: %w", err)
+		return fmt.Errorf("count responses in %s: %w", responsesTable, err)
 	}
 	paired, err := a.queryInt(ctx, `SELECT COUNT(*) FROM `+floorTable+` f
 		JOIN `+responsesTable+` r ON r.scope = f.scope AND r.idempotency_key = f.idempotency_key
 		WHERE f.status = `+processing)
 	if err != nil {
-		return fmt.Errorf("count floorlock pairs: %w", err)
+		return fmt.Errorf("count claims paired in %s: %w", responsesTable, err)
 	}
 	if claims != orders || responses != orders || paired != orders {
-		return fmt.Errorf("exactly-once check (floorlock): %d claims, %d responses and %d pairs for %d orders", claims, responses, paired, orders)
+		return fmt.Errorf("exactly-once check (%s): %d claims, %d responses and %d pairs for %d orders", responsesTable, claims, responses, paired, orders)
 	}
 	return nil
 }

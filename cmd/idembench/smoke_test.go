@@ -87,8 +87,9 @@ func TestSmoke(t *testing.T) {
 		require.Contains(t, stdout.String(), " "+r.Scenario+" ")
 	}
 	reads := []string{"replay", "cachedreplay", "get", "pkselect"}
-	// doopt and httpopt need idemmysql.WithOptimisticDo, and floorlock,
-	// floorlockbound and floorresp are MariaDB's: none runs on SQLite.
+	// doopt and httpopt need idemmysql.WithOptimisticDo, floorlockbound and
+	// floorresp are MariaDB's, and floorlock MariaDB's and PostgreSQL's:
+	// none runs on SQLite.
 	writes := slices.DeleteFunc(slices.Clone(scenarios), func(s string) bool {
 		return slices.Contains(reads, s) || s == "doopt" || s == "httpopt" || s == "floorlock" || s == "floorlockbound" || s == "floorresp"
 	})
